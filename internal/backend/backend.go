@@ -100,6 +100,8 @@ type Info struct {
 	Pid     int       `json:"pid,omitempty"` // init's pid on the host
 	Created time.Time `json:"created"`
 	Reason  string    `json:"reason,omitempty"`
+	// Cgroup names the sandbox's cgroup, where the backend has one.
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // ExecRequest is one command to run in a sandbox with `sh -c`.

@@ -172,10 +172,10 @@ func lastCap() (int, error) {
 	return last, nil
 }
 
-// applyCaps drops every capability outside set from the bounding set, sets
-// the permitted, effective and inheritable sets to set, and clears the
-// ambient set, on all threads.
-func applyCaps(set capMask) error {
+// dropBounding drops every capability outside set from the bounding set, on
+// all threads. It leaves the effective set alone, so the caller can still
+// mount and pivot: only what an exec can gain is limited.
+func dropBounding(set capMask) error {
 	last, err := lastCap()
 	if err != nil {
 		return err
@@ -184,9 +184,9 @@ func applyCaps(set capMask) error {
 		return fmt.Errorf("%v not supported by this kernel (last capability is %d)",
 			(over << (last + 1)).names(), last)
 	}
-
-	// Bounding set first: PR_CAPBSET_DROP needs CAP_SETPCAP in the
-	// effective set, which must still be there.
+	// PR_CAPBSET_DROP needs CAP_SETPCAP in the effective set, which is
+	// still there. Each drop stops the world once, which is why a parked
+	// init does this before it is claimed.
 	for c := 0; c <= last; c++ {
 		if set&(1<<c) != 0 {
 			continue
@@ -195,7 +195,13 @@ func applyCaps(set capMask) error {
 			return err
 		}
 	}
+	return nil
+}
 
+// applyCaps sets the permitted, effective and inheritable sets to set and
+// clears the ambient set, on all threads. The bounding set must already be
+// dropped to set.
+func applyCaps(set capMask) error {
 	hdr := &unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	data := &[2]unix.CapUserData{}
 	for i := range data {

@@ -58,6 +58,35 @@ type Report struct {
 	LandlockABI int      // Landlock ABI enforced; 0 = not applied/not available
 }
 
+// Prepared is hardening half done: validated, the seccomp filter compiled,
+// the bounding set dropped. What is left takes a few system calls.
+type Prepared struct {
+	set    capMask
+	filter []unix.SockFilter
+}
+
+// Prepare validates cfg, compiles the seccomp filter and drops the
+// bounding set on all threads: the slow part of hardening, which leaves
+// the process able to mount and pivot. A parked init runs it before it is
+// claimed.
+func Prepare(cfg Config) (*Prepared, error) {
+	set, err := capSet(cfg.ExtraCaps)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkHeld(set); err != nil {
+		return nil, err
+	}
+	filter, err := compileFilter()
+	if err != nil {
+		return nil, fmt.Errorf("harden: seccomp filter: %w", err)
+	}
+	if err := dropBounding(set); err != nil {
+		return nil, fmt.Errorf("harden: capabilities: %w", err)
+	}
+	return &Prepared{set: set, filter: filter}, nil
+}
+
 // Apply hardens the calling process and everything it spawns later. It must be
 // called once, by a process that still holds CAP_SETPCAP (init, root in its
 // user namespace), after all mounts and pivot_root are done.
@@ -65,36 +94,33 @@ type Report struct {
 // Order: bounding set, capability sets and ambient set, no_new_privs, seccomp
 // (TSYNC), Landlock. Config is validated before anything is changed.
 func Apply(cfg Config) (Report, error) {
+	p, err := Prepare(cfg)
+	if err != nil {
+		return Report{}, err
+	}
+	return p.Apply(cfg.Landlock)
+}
+
+// Apply finishes what Prepare started: capability sets, no_new_privs,
+// seccomp (TSYNC), then Landlock if asked.
+func (p *Prepared) Apply(landlock bool) (Report, error) {
 	var rep Report
-
-	set, err := capSet(cfg.ExtraCaps)
-	if err != nil {
-		return rep, err
-	}
-	if err := checkHeld(set); err != nil {
-		return rep, err
-	}
-	filter, err := compileFilter()
-	if err != nil {
-		return rep, fmt.Errorf("harden: seccomp filter: %w", err)
-	}
-
-	if err := applyCaps(set); err != nil {
+	if err := applyCaps(p.set); err != nil {
 		return rep, fmt.Errorf("harden: capabilities: %w", err)
 	}
-	rep.Caps = set.names()
+	rep.Caps = p.set.names()
 
 	if err := allThreads("prctl(PR_SET_NO_NEW_PRIVS)", syscall.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return rep, fmt.Errorf("harden: %w", err)
 	}
 	rep.NoNewPrivs = true
 
-	if err := loadFilter(filter); err != nil {
+	if err := loadFilter(p.filter); err != nil {
 		return rep, fmt.Errorf("harden: seccomp: %w", err)
 	}
 	rep.Seccomp = true
 
-	if cfg.Landlock {
+	if landlock {
 		abi, err := applyLandlock()
 		if err != nil {
 			return rep, fmt.Errorf("harden: landlock: %w", err)

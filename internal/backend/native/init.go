@@ -50,6 +50,9 @@ type initReply struct {
 	Report InitReport `json:"report"`
 }
 
+// parkedMsg is what init sends once it is ready for its configuration.
+const parkedMsg = "parked"
+
 // Fds init inherits: the agent's listening socket and the setup socket.
 const (
 	listenFd = 3
@@ -65,10 +68,20 @@ func IsInit() bool { return len(os.Args) > 1 && os.Args[1] == initArg }
 func InitMain() {
 	closeInheritedFds()
 	setup := os.NewFile(setupFd, "setup")
-	cfg, trees, err := readConfig(setup)
+	// The slow half of hardening runs before the configuration arrives,
+	// while this init may still be parked in the warm pool.
+	prep, err := harden.Prepare(harden.Config{})
+	_, _ = setup.Write([]byte(parkedMsg)) // ready to be claimed
+	var cfg InitConfig
+	var trees []int
+	if err == nil {
+		cfg, trees, err = readConfig(setup)
+	} else {
+		_, _, _ = readConfig(setup)
+	}
 	var report InitReport
 	if err == nil {
-		report, err = buildSandbox(cfg, trees)
+		report, err = buildSandbox(cfg, trees, prep)
 	}
 	reply := initReply{Report: report}
 	if err != nil {
@@ -152,7 +165,7 @@ func readConfig(setup *os.File) (InitConfig, []int, error) {
 
 // buildSandbox assembles the root filesystem, pivots into it and confines
 // init. Everything it mounts lives in the sandbox's own mount namespace.
-func buildSandbox(cfg InitConfig, trees []int) (InitReport, error) {
+func buildSandbox(cfg InitConfig, trees []int, prep *harden.Prepared) (InitReport, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return InitReport{}, fmt.Errorf("make / private: %w", err)
 	}
@@ -175,7 +188,7 @@ func buildSandbox(cfg InitConfig, trees []int) (InitReport, error) {
 	if err := nullStdio(); err != nil {
 		return InitReport{}, err
 	}
-	rep, err := harden.Apply(harden.Config{Landlock: cfg.Landlock})
+	rep, err := prep.Apply(cfg.Landlock)
 	if err != nil {
 		return InitReport{}, fmt.Errorf("confine: %w", err)
 	}

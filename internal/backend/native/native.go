@@ -14,6 +14,8 @@ package native
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -57,6 +59,9 @@ type Options struct {
 	TmpSize int64
 	// NoLandlock turns Landlock off (it is on where the kernel has it).
 	NoLandlock bool
+	// WarmInits is how many inits wait parked, ready to become sandboxes
+	// (default 2; negative: none).
+	WarmInits int
 }
 
 func (o *Options) defaults() {
@@ -81,6 +86,9 @@ func (o *Options) defaults() {
 	if o.TmpSize == 0 {
 		o.TmpSize = 512 << 20
 	}
+	if o.WarmInits == 0 {
+		o.WarmInits = 2
+	}
 }
 
 // Backend is the native runtime.
@@ -93,6 +101,11 @@ type Backend struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	ids       map[string]*sync.Mutex // per-id lifecycle locks
+
+	tag  string       // names this data dir's cgroups
+	pool chan *parked // warm inits; nil when disabled
+	stop func()       // stops the pool's refiller
+	done chan struct{}
 
 	hostOnce sync.Once
 	host     rootfs
@@ -119,7 +132,7 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	opts.DataDir = dir
-	for _, d := range []string{"sandboxes", "bases", "images"} {
+	for _, d := range []string{"sandboxes", "bases", "images", "pool"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o711); err != nil {
 			return nil, fmt.Errorf("native: %w", err)
 		}
@@ -138,9 +151,11 @@ func New(opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	sum := sha256.Sum256([]byte(dir))
 	b := &Backend{opts: opts, cg: cg, images: images, slots: newSlotSet(opts.Slots),
-		sandboxes: map[string]*sandbox{}, ids: map[string]*sync.Mutex{}}
+		sandboxes: map[string]*sandbox{}, ids: map[string]*sync.Mutex{}, tag: "h" + hex.EncodeToString(sum[:4])}
 	b.claimSlotsOnDisk()
+	b.startPool()
 	return b, nil
 }
 
@@ -169,8 +184,12 @@ func (b *Backend) Capabilities() backend.Capabilities {
 	return backend.Capabilities{Pause: true, PTY: true, NativeFiles: true, Attach: true}
 }
 
-// Close releases nothing that outlives the backend: sandboxes keep running.
-func (b *Backend) Close() error { return nil }
+// Close stops the warm pool and kills its parked inits. Sandboxes keep
+// running: a daemon restart must not touch them.
+func (b *Backend) Close() error {
+	b.stopPool()
+	return nil
+}
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
@@ -267,7 +286,7 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Handle, error) 
 	if s.alive() {
 		return backend.Handle{}, &errdefs.TransitionError{ID: id, From: "running", To: "running"}
 	}
-	if err := b.start(ctx, s); err != nil {
+	if err := b.start(ctx, s, nil); err != nil {
 		return backend.Handle{}, err
 	}
 	return s.handle(), nil

@@ -46,10 +46,16 @@ func traversableTempDir(t testing.TB) string {
 
 func newBackend(t testing.TB, dir string) *native.Backend {
 	t.Helper()
-	b, err := native.New(native.Options{DataDir: dir})
+	return newBackendOpts(t, native.Options{DataDir: dir})
+}
+
+func newBackendOpts(t testing.TB, opts native.Options) *native.Backend {
+	t.Helper()
+	b, err := native.New(opts)
 	if err != nil {
 		t.Fatalf("native.New: %v", err)
 	}
+	t.Cleanup(func() { b.Close() })
 	return b
 }
 
@@ -68,7 +74,9 @@ func harness(t *testing.T) backendtest.Harness {
 			return b
 		},
 		Reopen: func(t *testing.T, old backend.Backend) backend.Backend {
-			b := newBackend(t, dirs[old])
+			// The old instance still runs here, with its own warm pool,
+			// which a restarted daemon would not have.
+			b := newBackendOpts(t, native.Options{DataDir: dirs[old], WarmInits: -1})
 			dirs[b] = dirs[old]
 			return b
 		},
@@ -112,7 +120,7 @@ func leaks(dataDir, id string, info backend.Info) []string {
 			out = append(out, "mount "+line)
 		}
 	}
-	if cg := findCgroup(id); cg != "" {
+	if cg := findCgroup(info.Cgroup); info.Cgroup != "" && cg != "" {
 		out = append(out, "cgroup "+cg)
 	}
 	if info.Pid > 0 {
@@ -127,6 +135,9 @@ func leaks(dataDir, id string, info backend.Info) []string {
 
 // findCgroup walks the v1 memory and pids hierarchies for a group named id.
 func findCgroup(id string) string {
+	if id == "" {
+		return ""
+	}
 	for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified"} {
 		found := ""
 		filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {

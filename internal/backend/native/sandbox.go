@@ -30,6 +30,7 @@ type state struct {
 	Spec     backend.Spec   `json:"spec"`
 	Root     rootfs         `json:"root"`
 	Limits   backend.Limits `json:"limits"`
+	Cgroup   string         `json:"cgroup,omitempty"`
 	Pid      int            `json:"pid,omitempty"`
 	PidStart uint64         `json:"pid_start,omitempty"` // /proc/PID/stat starttime
 	Security *InitReport    `json:"security,omitempty"`
@@ -83,7 +84,7 @@ func (s *sandbox) info() backend.Info {
 	s.mu.Lock()
 	st, reason, dead := s.state, s.reason, s.dead
 	s.mu.Unlock()
-	info := backend.Info{ID: st.ID, Created: st.Created, Status: backend.StatusStopped}
+	info := backend.Info{ID: st.ID, Created: st.Created, Status: backend.StatusStopped, Cgroup: st.Cgroup}
 	if dead == nil {
 		return info
 	}
@@ -96,7 +97,7 @@ func (s *sandbox) info() backend.Info {
 		return info
 	default:
 	}
-	info.Status, info.Pid = backend.StatusRunning, st.Pid
+	info.Status, info.Pid, info.Cgroup = backend.StatusRunning, st.Pid, st.Cgroup
 	if s.paused {
 		info.Status = backend.StatusPaused
 	}
@@ -137,8 +138,8 @@ func (s *sandbox) stop(ctx context.Context) error {
 			return fmt.Errorf("sandbox %s: init did not die within 10s", s.state.ID)
 		}
 	}
-	if group == nil {
-		if g, err := s.b.cg.Load(s.state.ID); err == nil {
+	if group == nil && s.state.Cgroup != "" {
+		if g, err := s.b.cg.Load(s.state.Cgroup); err == nil {
 			group = g
 		}
 	}
@@ -195,7 +196,7 @@ func (b *Backend) adopt(st state) *sandbox {
 			s.reason = "init was gone when the daemon recovered the sandbox"
 			close(s.dead)
 		}
-		if g, err := b.cg.Load(st.ID); err == nil {
+		if g, err := b.cg.Load(st.Cgroup); err == nil {
 			s.group = g
 		}
 	}

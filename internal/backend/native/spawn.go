@@ -57,22 +57,29 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec) (_ *sandbox, er
 			return nil, fmt.Errorf("layer: %w", err)
 		}
 	}
-	slot, ok := b.slots.take()
-	if !ok {
-		return nil, fmt.Errorf("all %d uid ranges are in use: %w", b.opts.Slots, errdefs.ErrResourceExhausted)
-	}
-	undo.add(func() { b.slots.release(slot) })
-	st := state{ID: spec.ID, Slot: slot, UID: b.opts.UIDBase + uint32(slot)*b.opts.UIDSize,
-		Size: b.opts.UIDSize, Created: time.Now().UTC(), Spec: spec, Root: root,
-		Limits: b.limits(spec.Limits)}
+	st := state{ID: spec.ID, Slot: -1, Size: b.opts.UIDSize, Created: time.Now().UTC(), Spec: spec,
+		Root: root, Limits: b.limits(spec.Limits)}
 	dir := b.dir(spec.ID)
-	if err := makeSandboxDir(dir, st.UID, len(spec.Layers)+1+len(root.Binds)); err != nil {
+	if err := makeSandboxDir(dir, len(spec.Layers)+1+len(root.Binds)); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
 	undo.add(func() { os.RemoveAll(dir) })
 	s := &sandbox{b: b, dir: dir, state: st, client: &agent.Client{Socket: filepath.Join(dir, "agent.sock")}}
-	if err := b.start(ctx, s); err != nil {
+	p := b.claimParked()
+	if p == nil {
+		slot, ok := b.slots.take()
+		if !ok {
+			return nil, fmt.Errorf("all %d uid ranges are in use: %w", b.opts.Slots, errdefs.ErrResourceExhausted)
+		}
+		s.state.Slot, s.state.UID = slot, b.opts.UIDBase+uint32(slot)*b.opts.UIDSize
+		if err := chownUpper(dir, s.state.UID); err != nil {
+			b.slots.release(slot)
+			return nil, err
+		}
+	}
+	undo.add(func() { b.slots.release(s.state.Slot) })
+	if err := b.start(ctx, s, p); err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
@@ -96,9 +103,9 @@ func (b *Backend) limits(l backend.Limits) backend.Limits {
 }
 
 // makeSandboxDir lays out a sandbox directory: upper and work for the
-// overlay (owned by the sandbox's root), mnt/ with one mount point per layer
+// overlay (chowned to the sandbox's root once its range is known), mnt/ with one mount point per layer
 // and mnt/root for the assembled root.
-func makeSandboxDir(dir string, uid uint32, layers int) error {
+func makeSandboxDir(dir string, layers int) error {
 	if err := os.Mkdir(dir, 0o711); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("sandbox directory %s: %w", dir, errdefs.ErrAlreadyExists)
@@ -108,9 +115,6 @@ func makeSandboxDir(dir string, uid uint32, layers int) error {
 	for _, d := range []string{"upper", "work"} {
 		p := filepath.Join(dir, d)
 		if err := os.Mkdir(p, 0o755); err != nil {
-			return err
-		}
-		if err := os.Chown(p, int(uid), int(uid)); err != nil {
 			return err
 		}
 	}
@@ -126,55 +130,151 @@ func makeSandboxDir(dir string, uid uint32, layers int) error {
 	return nil
 }
 
-// start runs a new init for s over its existing directory.
-func (b *Backend) start(ctx context.Context, s *sandbox) (err error) {
+// start runs an init for s over its existing directory: p, a parked one
+// from the warm pool, or when p is nil a fresh one on s's uid range.
+func (b *Backend) start(ctx context.Context, s *sandbox, p *parked) (err error) {
+	st := s.state
+	if p != nil {
+		s.state.Slot, s.state.UID = p.slot, p.uid
+		st = s.state
+		if err := chownUpper(s.dir, p.uid); err != nil {
+			p.kill()
+			return err
+		}
+	} else if p, err = b.park(st.Slot, filepath.Join(s.dir, "agent.sock")); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			p.kill()
+		}
+	}()
+	if err := p.group.Update(cgroups.Limits(st.Limits)); err != nil {
+		return fmt.Errorf("sandbox %s: cgroup limits: %w", st.ID, err)
+	}
+	if p.sock != filepath.Join(s.dir, "agent.sock") {
+		if err := os.Rename(p.sock, filepath.Join(s.dir, "agent.sock")); err != nil {
+			return fmt.Errorf("sandbox %s: agent socket: %w", st.ID, err)
+		}
+	}
+	report, err := b.setup(ctx, st, s.dir, p.cmd.Process.Pid, p.conn)
+	p.conn.Close()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", st.ID, err)
+	}
+	s.mu.Lock()
+	s.state.Pid, s.state.PidStart, s.state.Security, s.state.Cgroup = p.cmd.Process.Pid, p.start, &report, p.group.ID()
+	s.group, s.pidfd, s.dead, s.reason, s.lastUse = p.group, p.pidfd, p.dead, "", time.Now()
+	s.mu.Unlock()
+	return s.save()
+}
+
+// parked is an init started in its namespaces and cgroup, waiting for its
+// configuration. Parking takes most of a sandbox's start-up cost (the
+// binary's exec, the namespaces, the cgroup attach) off the create path.
+type parked struct {
+	cmd   *exec.Cmd
+	conn  *os.File // the setup socket
+	pidfd int
+	dead  chan struct{}
+	start uint64
+	group *cgroups.Group
+	slot  int
+	uid   uint32
+	sock  string
+}
+
+// park starts an init on uid range slot, listening on sock.
+func (b *Backend) park(slot int, sock string) (_ *parked, err error) {
 	var undo cleanup
 	defer func() {
 		if err != nil {
 			undo.run()
 		}
 	}()
-	st := s.state
-	group, err := b.cg.Create(st.ID, cgroups.Limits(st.Limits))
-	if err != nil {
-		return fmt.Errorf("sandbox %s: cgroup: %w", st.ID, err)
+	p := &parked{slot: slot, uid: b.opts.UIDBase + uint32(slot)*b.opts.UIDSize, sock: sock}
+	if p.group, err = b.cg.Create(b.cgroupName(slot), cgroups.Limits(b.opts.DefaultLimits)); err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
 	}
-	undo.add(func() { _ = group.Delete() })
-	ln, err := listenAgent(filepath.Join(s.dir, "agent.sock"))
+	undo.add(func() { _ = p.group.Delete() })
+	ln, err := listenAgent(sock)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer ln.Close()
-	cmd, parent, err := b.launch(st, ln)
+	undo.add(func() { os.Remove(sock) })
+	if p.cmd, p.conn, err = b.launch(p.uid, ln); err != nil {
+		return nil, err
+	}
+	undo.add(func() { p.conn.Close() })
+	p.dead = make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(p.dead) }()
+	undo.add(func() { _ = p.cmd.Process.Kill(); <-p.dead })
+	if p.pidfd, err = unix.PidfdOpen(p.cmd.Process.Pid, 0); err != nil {
+		return nil, fmt.Errorf("pidfd_open: %w", err)
+	}
+	undo.add(func() { unix.Close(p.pidfd) })
+	if err := p.group.AddProc(p.cmd.Process.Pid); err != nil {
+		return nil, fmt.Errorf("join cgroup: %w", err)
+	}
+	_ = os.WriteFile("/proc/"+strconv.Itoa(p.cmd.Process.Pid)+"/oom_score_adj", []byte("-999"), 0)
+	if p.start, err = procStart(p.cmd.Process.Pid); err != nil {
+		return nil, fmt.Errorf("init vanished: %w", errdefs.ErrUnavailable)
+	}
+	if err := awaitParked(p.conn); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// awaitParked waits for init to say it has done all it can before it
+// gets its configuration.
+func awaitParked(conn *os.File) error {
+	_ = conn.SetReadDeadline(time.Now().Add(setupTimeout))
+	defer conn.SetReadDeadline(time.Time{})
+	buf := make([]byte, 64<<10)
+	n, err := conn.Read(buf)
 	if err != nil {
-		return err
+		return fmt.Errorf("init did not start: %v: %w", err, errdefs.ErrUnavailable)
 	}
-	defer parent.Close()
-	dead := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(dead) }()
-	undo.add(func() { _ = cmd.Process.Kill(); <-dead })
-	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
-	if err != nil {
-		return fmt.Errorf("pidfd_open: %w", err)
+	if string(buf[:n]) != parkedMsg {
+		return fmt.Errorf("init did not start: %s: %w", buf[:n], errdefs.ErrUnavailable)
 	}
-	undo.add(func() { unix.Close(pidfd) })
-	if err := group.AddProc(cmd.Process.Pid); err != nil {
-		return fmt.Errorf("sandbox %s: join cgroup: %w", st.ID, err)
+	return nil
+}
+
+// kill ends a parked (or failed) init and releases its cgroup.
+func (p *parked) kill() {
+	_ = unix.PidfdSendSignal(p.pidfd, unix.SIGKILL, nil, 0)
+	<-p.dead
+	unix.Close(p.pidfd)
+	p.conn.Close()
+	_ = p.group.Delete()
+	_ = os.Remove(p.sock)
+}
+
+func (p *parked) alive() bool {
+	select {
+	case <-p.dead:
+		return false
+	default:
+		return true
 	}
-	_ = os.WriteFile("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/oom_score_adj", []byte("-999"), 0)
-	report, err := b.setup(ctx, st, s.dir, cmd.Process.Pid, parent)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: %w", st.ID, err)
+}
+
+// cgroupName names a slot's cgroup, prefixed by a tag of the data
+// directory so two daemons on one host never share a group.
+func (b *Backend) cgroupName(slot int) string {
+	return b.tag + "-s" + strconv.Itoa(slot)
+}
+
+func chownUpper(dir string, uid uint32) error {
+	for _, d := range []string{"upper", "work"} {
+		if err := os.Chown(filepath.Join(dir, d), int(uid), int(uid)); err != nil {
+			return err
+		}
 	}
-	start, err := procStart(cmd.Process.Pid)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: init vanished: %w", st.ID, errdefs.ErrUnavailable)
-	}
-	s.mu.Lock()
-	s.state.Pid, s.state.PidStart, s.state.Security = cmd.Process.Pid, start, &report
-	s.group, s.pidfd, s.dead, s.reason, s.lastUse = group, pidfd, dead, "", time.Now()
-	s.mu.Unlock()
-	return s.save()
+	return nil
 }
 
 // listenAgent makes the agent's socket; init inherits the listening fd.
@@ -194,7 +294,7 @@ func listenAgent(path string) (*net.UnixListener, error) {
 
 // launch starts init in its new namespaces. It blocks on its setup socket
 // until setup sends it the configuration.
-func (b *Backend) launch(st state, ln *net.UnixListener) (*exec.Cmd, *os.File, error) {
+func (b *Backend) launch(uid uint32, ln *net.UnixListener) (*exec.Cmd, *os.File, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, err
@@ -218,8 +318,8 @@ func (b *Backend) launch(st state, ln *net.UnixListener) (*exec.Cmd, *os.File, e
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
 				syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
-			UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(st.UID), Size: int(st.Size)}},
-			GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(st.UID), Size: int(st.Size)}},
+			UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(uid), Size: int(b.opts.UIDSize)}},
+			GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(uid), Size: int(b.opts.UIDSize)}},
 			GidMappingsEnableSetgroups: true,
 			Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
 			Setsid:                     true,
