@@ -2,6 +2,7 @@ package native_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -139,6 +140,18 @@ func findCgroup(id string) string {
 		return ""
 	}
 	for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified"} {
+		if found := findCgroupIn(root, id); found != "" {
+			return found
+		}
+	}
+	return ""
+}
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }
+
+// findCgroupIn walks one hierarchy for a group named id.
+func findCgroupIn(root, id string) string {
+	{
 		found := ""
 		filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
 			if err != nil || !d.IsDir() {
@@ -150,11 +163,8 @@ func findCgroup(id string) string {
 			}
 			return nil
 		})
-		if found != "" {
-			return found
-		}
+		return found
 	}
-	return ""
 }
 
 // busyboxRootfs builds a minimal root filesystem directory from the host's
