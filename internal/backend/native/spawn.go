@@ -299,6 +299,13 @@ func (b *Backend) launch(uid uint32, ln *net.UnixListener) (*exec.Cmd, *os.File,
 	if err != nil {
 		return nil, nil, err
 	}
+	// The daemon's end is non-blocking, so it sits in the runtime poller
+	// and read deadlines bound how long a silent init can stall a create.
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, nil, err
+	}
 	parent, child := os.NewFile(uintptr(fds[0]), "setup"), os.NewFile(uintptr(fds[1]), "setup")
 	defer child.Close()
 	lnFile, err := ln.File()
@@ -358,10 +365,28 @@ func (b *Backend) setup(ctx context.Context, st state, dir string, pid int, conn
 	if err != nil {
 		return InitReport{}, err
 	}
-	if err := unix.Sendmsg(int(conn.Fd()), msg, unix.UnixRights(trees...), nil, 0); err != nil {
+	if err := sendmsg(conn, msg, unix.UnixRights(trees...)); err != nil {
 		return InitReport{}, fmt.Errorf("send init config: %w", err)
 	}
 	return readReport(ctx, conn)
+}
+
+// sendmsg sends one message with ancillary data without taking conn out
+// of the poller (File.Fd would make it blocking).
+func sendmsg(conn *os.File, msg, oob []byte) error {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), msg, oob, nil, 0)
+		return serr != unix.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	return serr
 }
 
 func readReport(ctx context.Context, conn *os.File) (InitReport, error) {
