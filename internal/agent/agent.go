@@ -207,6 +207,12 @@ func (s *Server) handle(c *proto.Conn) {
 		s.handleRead(c, &req)
 	case proto.OpWrite:
 		s.handleWrite(c, &req)
+	case proto.OpStdin:
+		s.handleStdin(c, &req)
+	case proto.OpTarGet:
+		s.handleTarGet(c, &req)
+	case proto.OpTarPut:
+		s.handleTarPut(c, &req)
 	default:
 		s.handleFileOp(c, &req)
 	}
@@ -238,6 +244,32 @@ func (s *Server) handleProcess(c *proto.Conn, req *proto.Request) {
 	}
 	pi := p.info()
 	_ = c.WriteJSON(proto.TResponse, proto.Response{Process: &pi})
+}
+
+// handleStdin writes the client's data to a process's stdin, then closes
+// it if asked.
+func (s *Server) handleStdin(c *proto.Conn, req *proto.Request) {
+	p, err := s.lookup(req.ProcID)
+	if err == nil {
+		r := &proto.DataReader{C: c}
+		buf := make([]byte, proto.DataChunk)
+		for err == nil {
+			n, rerr := r.Read(buf)
+			if n > 0 {
+				err = p.write(buf[:n])
+			}
+			if rerr != nil {
+				if rerr != io.EOF {
+					err = rerr
+				}
+				break
+			}
+		}
+	}
+	if err == nil && req.Close {
+		p.closeStdin()
+	}
+	reply(c, proto.Response{}, err)
 }
 
 func (s *Server) handleExec(c *proto.Conn, req *proto.Request) {

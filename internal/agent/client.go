@@ -140,23 +140,7 @@ func (cl *Client) Signal(ctx context.Context, procID string, sig syscall.Signal)
 
 // ReadFile streams a file's content.
 func (cl *Client) ReadFile(ctx context.Context, p string) (io.ReadCloser, error) {
-	c, err := cl.dial(ctx, proto.Request{Op: proto.OpRead, Path: p})
-	if err != nil {
-		return nil, err
-	}
-	stop := closeOnDone(ctx, c)
-	var r proto.Response
-	if err := c.ReadJSON(proto.TResponse, &r); err != nil {
-		stop()
-		c.Close()
-		return nil, connError(ctx, err)
-	}
-	if r.Error != nil {
-		stop()
-		c.Close()
-		return nil, r.Error.Err()
-	}
-	return &fileReader{DataReader: proto.DataReader{C: c}, stop: stop}, nil
+	return cl.download(ctx, proto.Request{Op: proto.OpRead, Path: p})
 }
 
 type fileReader struct {
@@ -171,24 +155,7 @@ func (f *fileReader) Close() error {
 
 // WriteFile streams r into a file, replacing it atomically.
 func (cl *Client) WriteFile(ctx context.Context, p string, mode fs.FileMode, r io.Reader) error {
-	c, err := cl.dial(ctx, proto.Request{Op: proto.OpWrite, Path: p, Mode: uint32(mode)})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	defer closeOnDone(ctx, c)()
-	w := proto.DataWriter{C: c}
-	if _, err := io.Copy(w, r); err != nil {
-		return connError(ctx, err)
-	}
-	if err := w.Close(); err != nil {
-		return connError(ctx, err)
-	}
-	var resp proto.Response
-	if err := c.ReadJSON(proto.TResponse, &resp); err != nil {
-		return connError(ctx, err)
-	}
-	return resp.Error.Err()
+	return cl.upload(ctx, proto.Request{Op: proto.OpWrite, Path: p, Mode: uint32(mode)}, r)
 }
 
 // Stat describes a path without following a final symlink.
@@ -298,4 +265,64 @@ func (p *remoteProc) Close() error {
 		p.closeErr = p.c.Close()
 	}
 	return nil
+}
+
+// WriteStdin writes r to a process's stdin, closing it afterwards if asked.
+func (cl *Client) WriteStdin(ctx context.Context, procID string, r io.Reader, close bool) error {
+	return cl.upload(ctx, proto.Request{Op: proto.OpStdin, ProcID: procID, Close: close}, r)
+}
+
+// ReadArchive streams a tar of a directory.
+func (cl *Client) ReadArchive(ctx context.Context, p string) (io.ReadCloser, error) {
+	return cl.download(ctx, proto.Request{Op: proto.OpTarGet, Path: p})
+}
+
+// WriteArchive extracts a tar into a directory.
+func (cl *Client) WriteArchive(ctx context.Context, p string, r io.Reader) error {
+	return cl.upload(ctx, proto.Request{Op: proto.OpTarPut, Path: p}, r)
+}
+
+// upload sends req, then r as data frames, and reads the one response.
+func (cl *Client) upload(ctx context.Context, req proto.Request, r io.Reader) error {
+	c, err := cl.dial(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	defer closeOnDone(ctx, c)()
+	w := proto.DataWriter{C: c}
+	if r != nil {
+		if _, err := io.Copy(w, r); err != nil {
+			return connError(ctx, err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		return connError(ctx, err)
+	}
+	var resp proto.Response
+	if err := c.ReadJSON(proto.TResponse, &resp); err != nil {
+		return connError(ctx, err)
+	}
+	return resp.Error.Err()
+}
+
+// download sends req, reads a response, then streams data frames.
+func (cl *Client) download(ctx context.Context, req proto.Request) (io.ReadCloser, error) {
+	c, err := cl.dial(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	stop := closeOnDone(ctx, c)
+	var r proto.Response
+	if err := c.ReadJSON(proto.TResponse, &r); err != nil {
+		stop()
+		c.Close()
+		return nil, connError(ctx, err)
+	}
+	if r.Error != nil {
+		stop()
+		c.Close()
+		return nil, r.Error.Err()
+	}
+	return &fileReader{DataReader: proto.DataReader{C: c}, stop: stop}, nil
 }

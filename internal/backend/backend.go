@@ -179,11 +179,23 @@ type ProcessInfo struct {
 	NextSeq uint64 `json:"next_seq"`
 }
 
-// Attacher is an optional capability: re-attach to a process's output from
-// any sequence number, and list the process table.
-type Attacher interface {
+// ProcessController is an optional capability: the process table of a
+// sandbox. Attach re-attaches to a process's output from any retained
+// sequence number (and, like Exec's Process, takes stdin, signals and
+// resizes); closing it never kills the process.
+type ProcessController interface {
 	Attach(ctx context.Context, id, procID string, fromSeq uint64) (Process, error)
 	Processes(ctx context.Context, id string) ([]ProcessInfo, error)
+	ProcessInfo(ctx context.Context, id, procID string) (ProcessInfo, error)
+	WriteStdin(ctx context.Context, id, procID string, r io.Reader, close bool) error
+	SignalProcess(ctx context.Context, id, procID string, sig syscall.Signal) error
+}
+
+// Archiver is an optional capability: a directory as a tar stream, both
+// ways, handled inside the sandbox.
+type Archiver interface {
+	ReadArchive(ctx context.Context, id, path string) (io.ReadCloser, error)
+	WriteArchive(ctx context.Context, id, path string, r io.Reader) error
 }
 
 // FileInfo describes one file in a sandbox.

@@ -55,6 +55,9 @@ const (
 	OpRemove  = "remove"
 	OpRename  = "rename"
 	OpProcess = "process"
+	OpStdin   = "stdin"
+	OpTarGet  = "tar.get"
+	OpTarPut  = "tar.put"
 )
 
 // Request is the first frame of every connection.
@@ -68,6 +71,7 @@ type Request struct {
 	To        string               `json:"to,omitempty"`
 	Mode      uint32               `json:"mode,omitempty"`
 	Recursive bool                 `json:"recursive,omitempty"`
+	Close     bool                 `json:"close,omitempty"`
 	List      backend.ListOptions  `json:"list,omitempty"`
 }
 

@@ -269,9 +269,9 @@ func testTTY(t *testing.T, b backend.Backend) {
 }
 
 func testProcesses(t *testing.T, b backend.Backend) {
-	at, ok := b.(backend.Attacher)
+	at, ok := b.(backend.ProcessController)
 	if !ok {
-		t.Skip("backend has no Attacher capability")
+		t.Skip("backend has no ProcessController capability")
 	}
 	id := NewID("proc")
 	Create(t, b, backend.Spec{ID: id})
@@ -319,6 +319,30 @@ func testProcesses(t *testing.T, b backend.Backend) {
 	if strings.Join(got.lines, "") != "a\nb\n" {
 		t.Fatalf("live follow: %q", got.lines)
 	}
+	// Stdin and signals reach a detached background process.
+	bg, err := b.Exec(ctx, id, backend.ExecRequest{Cmd: "read a; echo got:$a; sleep 30", Background: true, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg.Close()
+	if err := at.WriteStdin(ctx, id, bg.ID(), strings.NewReader("hello\n"), true); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := at.SignalProcess(ctx, id, bg.ID(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := attachAll(t, at, id, bg.ID(), 0)
+	if strings.Join(done.lines, "") != "got:hello\n" || done.exit == nil || done.exit.Signal != "SIGTERM" {
+		t.Fatalf("background stdin+signal: %q %+v", done.lines, done.exit)
+	}
+	pi, err := at.ProcessInfo(ctx, id, bg.ID())
+	if err != nil || pi.Exit == nil || pi.Exit.Signal != "SIGTERM" {
+		t.Fatalf("process info: %+v %v", pi, err)
+	}
+	_, err = at.ProcessInfo(ctx, id, "nope")
+	WantErr(t, "info of a missing process", err, errdefs.ErrNotFound)
+	WantErr(t, "stdin of a finished process", at.WriteStdin(ctx, id, bg.ID(), strings.NewReader("x"), false), errdefs.ErrFailedPrecondition)
 }
 
 type attached struct {
@@ -327,7 +351,7 @@ type attached struct {
 	exit  *backend.ExitStatus
 }
 
-func attachAll(t *testing.T, at backend.Attacher, id, procID string, from uint64) attached {
+func attachAll(t *testing.T, at backend.ProcessController, id, procID string, from uint64) attached {
 	t.Helper()
 	p, err := at.Attach(context.Background(), id, procID, from)
 	if err != nil {

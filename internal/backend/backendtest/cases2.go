@@ -1,8 +1,11 @@
 package backendtest
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -114,6 +117,7 @@ func testFiles(t *testing.T, h Harness, b backend.Backend) {
 		_, err = fa.ReadFile(ctx, id, "../../../../../../.."+marker)
 		WantErr(t, "read with .. beyond the root", err, errdefs.ErrNotFound)
 	})
+	t.Run("Archive", func(t *testing.T) { testArchive(t, b, id) })
 	t.Run("BadPaths", func(t *testing.T) {
 		_, err := fa.ReadFile(ctx, id, "a\x00b")
 		WantErr(t, "NUL in path", err, errdefs.ErrInvalidArgument)
@@ -318,4 +322,62 @@ func testBase(t *testing.T, b backend.Backend, base string) {
 	if got := lines(out); len(got) != 4 || got[0] != "hi" || got[1] != "0" || got[2] != "0" || got[3] != id {
 		t.Fatalf("on base %s: %q", base, out)
 	}
+}
+
+func testArchive(t *testing.T, b backend.Backend, id string) {
+	ar, ok := b.(backend.Archiver)
+	if !ok {
+		t.Skip("backend has no Archiver capability")
+	}
+	ctx := context.Background()
+	Sh(t, b, id, "mkdir -p /workspace/src/sub && echo one > /workspace/src/a && echo two > /workspace/src/sub/b && "+
+		"chmod 750 /workspace/src/sub && ln -s a /workspace/src/link")
+	rc, err := ar.ReadArchive(ctx, id, "src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := io.Copy(&buf, rc); err != nil {
+		t.Fatal(err)
+	}
+	rc.Close()
+	if err := ar.WriteArchive(ctx, id, "/tmp/dst", bytes.NewReader(buf.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	got := Sh(t, b, id, "cd /tmp/dst && cat a sub/b && readlink link && stat -c %a sub")
+	if got != "one\ntwo\na\n750\n" {
+		t.Fatalf("round trip: %q", got)
+	}
+	// A hostile archive: an entry with .. and one through a planted symlink.
+	for name, entries := range map[string][]tarEntry{
+		"dotdot":  {{name: "../escaped", body: "x"}},
+		"symlink": {{name: "out", link: "/"}, {name: "out/tmp/escaped-through-link", body: "x"}},
+	} {
+		err := ar.WriteArchive(ctx, id, "/workspace/unpack-"+name, bytes.NewReader(makeTar(t, entries)))
+		WantErr(t, "hostile archive "+name, err, errdefs.ErrInvalidArgument)
+	}
+	if r := Exec(t, b, id, backend.ExecRequest{Cmd: "ls /workspace/escaped /tmp/escaped-through-link"}); r.Exit.Code == 0 {
+		t.Fatalf("a hostile archive wrote outside its directory: %q", r.Stdout)
+	}
+	_, err = ar.ReadArchive(ctx, id, "src/a")
+	WantErr(t, "archive of a file", err, errdefs.ErrFailedPrecondition)
+}
+
+type tarEntry struct{ name, body, link string }
+
+func makeTar(t *testing.T, entries []tarEntry) []byte {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		hdr := &tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.body)), Typeflag: tar.TypeReg}
+		if e.link != "" {
+			hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeSymlink, e.link, 0
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(e.body))
+	}
+	tw.Close()
+	return buf.Bytes()
 }

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"syscall"
 
 	"github.com/hutch-dev/hutch/internal/agent"
 	"github.com/hutch-dev/hutch/internal/backend"
@@ -113,9 +114,11 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend      = (*Backend)(nil)
-	_ backend.Attacher     = (*Backend)(nil)
-	_ backend.FileAccessor = (*Backend)(nil)
+	_ backend.Backend           = (*Backend)(nil)
+	_ backend.ProcessController = (*Backend)(nil)
+	_ backend.Archiver          = (*Backend)(nil)
+	_ backend.Pauser            = (*Backend)(nil)
+	_ backend.FileAccessor      = (*Backend)(nil)
 )
 
 // New makes the backend, checking that this host can run it.
@@ -364,7 +367,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	return s.client.Exec(ctx, req)
 }
 
-// Attach implements backend.Attacher.
+// Attach implements backend.ProcessController.
 func (b *Backend) Attach(ctx context.Context, id, procID string, fromSeq uint64) (backend.Process, error) {
 	s, err := b.running(id)
 	if err != nil {
@@ -373,7 +376,7 @@ func (b *Backend) Attach(ctx context.Context, id, procID string, fromSeq uint64)
 	return s.client.Attach(ctx, procID, fromSeq)
 }
 
-// Processes implements backend.Attacher.
+// Processes implements backend.ProcessController.
 func (b *Backend) Processes(ctx context.Context, id string) ([]backend.ProcessInfo, error) {
 	s, err := b.running(id)
 	if err != nil {
@@ -382,6 +385,52 @@ func (b *Backend) Processes(ctx context.Context, id string) ([]backend.ProcessIn
 	return s.client.Processes(ctx)
 }
 
+// ProcessInfo implements backend.ProcessController.
+func (b *Backend) ProcessInfo(ctx context.Context, id, procID string) (backend.ProcessInfo, error) {
+	c, err := b.files(id)
+	if err != nil {
+		return backend.ProcessInfo{}, err
+	}
+	return c.Process(ctx, procID)
+}
+
+// WriteStdin implements backend.ProcessController.
+func (b *Backend) WriteStdin(ctx context.Context, id, procID string, r io.Reader, close bool) error {
+	c, err := b.files(id)
+	if err != nil {
+		return err
+	}
+	return c.WriteStdin(ctx, procID, r, close)
+}
+
+// SignalProcess implements backend.ProcessController.
+func (b *Backend) SignalProcess(ctx context.Context, id, procID string, sig syscall.Signal) error {
+	c, err := b.files(id)
+	if err != nil {
+		return err
+	}
+	return c.Signal(ctx, procID, sig)
+}
+
+// ReadArchive implements backend.Archiver.
+func (b *Backend) ReadArchive(ctx context.Context, id, p string) (io.ReadCloser, error) {
+	c, err := b.files(id)
+	if err != nil {
+		return nil, err
+	}
+	return c.ReadArchive(ctx, p)
+}
+
+// WriteArchive implements backend.Archiver.
+func (b *Backend) WriteArchive(ctx context.Context, id, p string, r io.Reader) error {
+	c, err := b.files(id)
+	if err != nil {
+		return err
+	}
+	return c.WriteArchive(ctx, p, r)
+}
+
+// files returns the agent client of a running sandbox.
 func (b *Backend) files(id string) (*agent.Client, error) {
 	s, err := b.running(id)
 	if err != nil {
