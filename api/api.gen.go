@@ -182,32 +182,32 @@ func (e StreamInputType) Valid() bool {
 // CreateKeyRequest defines model for CreateKeyRequest.
 type CreateKeyRequest struct {
 	// ExpiresIn Seconds until the key stops working.
-	ExpiresIn *int   `json:"expires_in,omitempty"`
+	ExpiresIn int    `json:"expires_in,omitempty"`
 	Name      string `json:"name"`
 
 	// Tenant Default: the key's own id.
-	Tenant *string `json:"tenant,omitempty"`
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // CreateSandboxRequest defines model for CreateSandboxRequest.
 type CreateSandboxRequest struct {
 	// Base host (default), dir:/path or oci:/path[#ref].
-	Base     *string            `json:"base,omitempty"`
-	Cwd      *string            `json:"cwd,omitempty"`
-	Env      *map[string]string `json:"env,omitempty"`
-	Hostname *string            `json:"hostname,omitempty"`
+	Base     string            `json:"base,omitempty"`
+	Cwd      string            `json:"cwd,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	Hostname string            `json:"hostname,omitempty"`
 
 	// Id Chosen by the server when empty.
-	Id       *string            `json:"id,omitempty"`
-	Labels   *map[string]string `json:"labels,omitempty"`
-	Limits   *Limits            `json:"limits,omitempty"`
-	Metadata *map[string]string `json:"metadata,omitempty"`
+	Id       string            `json:"id,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Limits   Limits            `json:"limits,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 
 	// Template A template name (templates come with the lifecycle work).
-	Template *string `json:"template,omitempty"`
+	Template string `json:"template,omitempty"`
 
 	// Timeout Seconds until the sandbox is destroyed; 0 = none.
-	Timeout *int `json:"timeout,omitempty"`
+	Timeout int `json:"timeout,omitempty"`
 }
 
 // CreatedKey defines model for CreatedKey.
@@ -229,20 +229,22 @@ type Error struct {
 // ExecEvent defines model for ExecEvent.
 type ExecEvent struct {
 	// Data Output bytes, base64.
-	Data     *[]byte `json:"data,omitempty"`
-	Error    *Error  `json:"error,omitempty"`
-	ExitCode *int    `json:"exit_code,omitempty"`
-	Killed   *bool   `json:"killed,omitempty"`
+	Data     []byte `json:"data,omitempty"`
+	Error    *Error `json:"error,omitempty"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Killed   bool   `json:"killed,omitempty"`
 
 	// Lost Output bytes no longer retained.
-	Lost      *int64           `json:"lost,omitempty"`
-	Pid       *int             `json:"pid,omitempty"`
-	ProcessId *string          `json:"process_id,omitempty"`
-	Seq       *int64           `json:"seq,omitempty"`
-	Signal    *string          `json:"signal,omitempty"`
-	Stream    *ExecEventStream `json:"stream,omitempty"`
-	TimedOut  *bool            `json:"timed_out,omitempty"`
-	Type      ExecEventType    `json:"type"`
+	Lost      int64  `json:"lost,omitempty"`
+	Pid       int    `json:"pid,omitempty"`
+	ProcessId string `json:"process_id,omitempty"`
+
+	// Seq Output: the chunk's sequence number. Exit: the number the next chunk would have had.
+	Seq      int64           `json:"seq"`
+	Signal   string          `json:"signal,omitempty"`
+	Stream   ExecEventStream `json:"stream,omitempty"`
+	TimedOut bool            `json:"timed_out,omitempty"`
+	Type     ExecEventType   `json:"type"`
 }
 
 // ExecEventStream defines model for ExecEvent.Stream.
@@ -254,26 +256,26 @@ type ExecEventType string
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
 	// Background Streams only: keep running when the client hangs up.
-	Background *bool `json:"background,omitempty"`
+	Background bool `json:"background,omitempty"`
 
 	// Cmd Run with sh -c. At most 8 KiB by default.
-	Cmd string  `json:"cmd"`
-	Cwd *string `json:"cwd,omitempty"`
+	Cmd string `json:"cmd"`
+	Cwd string `json:"cwd,omitempty"`
 
 	// Encoding How the buffered exec returns stdout and stderr.
-	Encoding *ExecRequestEncoding `json:"encoding,omitempty"`
-	Env      *map[string]string   `json:"env,omitempty"`
+	Encoding ExecRequestEncoding `json:"encoding,omitempty"`
+	Env      map[string]string   `json:"env,omitempty"`
 
 	// MaxOutput Bytes kept per stream by the buffered exec; default 65536.
-	MaxOutput *int `json:"max_output,omitempty"`
+	MaxOutput int `json:"max_output,omitempty"`
 
 	// Stdin Buffered stdin (at most 1 MiB); base64 when stdin_encoding is base64.
-	Stdin         *string                   `json:"stdin,omitempty"`
-	StdinEncoding *ExecRequestStdinEncoding `json:"stdin_encoding,omitempty"`
-	Tag           *string                   `json:"tag,omitempty"`
+	Stdin         string                   `json:"stdin,omitempty"`
+	StdinEncoding ExecRequestStdinEncoding `json:"stdin_encoding,omitempty"`
+	Tag           string                   `json:"tag,omitempty"`
 
 	// Timeout Seconds; default 300, at most 3600. 0 = the default.
-	Timeout *float32 `json:"timeout,omitempty"`
+	Timeout float64 `json:"timeout,omitempty"`
 }
 
 // ExecRequestEncoding How the buffered exec returns stdout and stderr.
@@ -284,18 +286,18 @@ type ExecRequestStdinEncoding string
 
 // ExecResult defines model for ExecResult.
 type ExecResult struct {
-	DurationMs float32 `json:"duration_ms"`
+	DurationMs float64 `json:"duration_ms"`
 	Encoding   string  `json:"encoding"`
 
 	// ExitCode null when the process was killed by a signal.
-	ExitCode        *int    `json:"exit_code"`
-	Killed          bool    `json:"killed"`
-	Signal          *string `json:"signal,omitempty"`
-	Stderr          string  `json:"stderr"`
-	StderrTruncated bool    `json:"stderr_truncated"`
-	Stdout          string  `json:"stdout"`
-	StdoutTruncated bool    `json:"stdout_truncated"`
-	TimedOut        bool    `json:"timed_out"`
+	ExitCode        *int   `json:"exit_code"`
+	Killed          bool   `json:"killed"`
+	Signal          string `json:"signal,omitempty"`
+	Stderr          string `json:"stderr"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	Stdout          string `json:"stdout"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	TimedOut        bool   `json:"timed_out"`
 }
 
 // Exists defines model for Exists.
@@ -305,27 +307,27 @@ type Exists struct {
 
 // ExitStatus defines model for ExitStatus.
 type ExitStatus struct {
-	ExitCode *int    `json:"exit_code,omitempty"`
-	Killed   bool    `json:"killed"`
-	Lost     *int64  `json:"lost,omitempty"`
-	Signal   *string `json:"signal,omitempty"`
-	TimedOut bool    `json:"timed_out"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Killed   bool   `json:"killed"`
+	Lost     int64  `json:"lost,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out"`
 }
 
 // FileInfo defines model for FileInfo.
 type FileInfo struct {
-	Gid        *int    `json:"gid,omitempty"`
-	IsDir      bool    `json:"is_dir"`
-	LinkTarget *string `json:"link_target,omitempty"`
+	Gid        int    `json:"gid,omitempty"`
+	IsDir      bool   `json:"is_dir"`
+	LinkTarget string `json:"link_target,omitempty"`
 
 	// Mode Octal permission bits plus type, e.g. 0755.
-	Mode       string        `json:"mode"`
-	ModifiedAt time.Time     `json:"modified_at"`
-	Name       string        `json:"name"`
-	Path       string        `json:"path"`
-	Size       int64         `json:"size"`
-	Type       *FileInfoType `json:"type,omitempty"`
-	Uid        *int          `json:"uid,omitempty"`
+	Mode       string       `json:"mode"`
+	ModifiedAt time.Time    `json:"modified_at"`
+	Name       string       `json:"name"`
+	Path       string       `json:"path"`
+	Size       int64        `json:"size"`
+	Type       FileInfoType `json:"type,omitempty"`
+	Uid        int          `json:"uid,omitempty"`
 }
 
 // FileInfoType defines model for FileInfo.Type.
@@ -363,29 +365,29 @@ type KeyList struct {
 // Limits defines model for Limits.
 type Limits struct {
 	// CpuMillis CPU time per second, 1000 = one core.
-	CpuMillis *int64 `json:"cpu_millis,omitempty"`
+	CpuMillis int64 `json:"cpu_millis,omitempty"`
 
 	// MemoryMb Memory limit in MiB.
-	MemoryMb *int64 `json:"memory_mb,omitempty"`
-	Pids     *int64 `json:"pids,omitempty"`
+	MemoryMb int64 `json:"memory_mb,omitempty"`
+	Pids     int64 `json:"pids,omitempty"`
 }
 
 // MkdirRequest defines model for MkdirRequest.
 type MkdirRequest struct {
 	// Mode Octal, default 0755.
-	Mode *string `json:"mode,omitempty"`
-	Path string  `json:"path"`
+	Mode string `json:"mode,omitempty"`
+	Path string `json:"path"`
 }
 
 // OpenTerminalRequest defines model for OpenTerminalRequest.
 type OpenTerminalRequest struct {
 	// Cmd Default: the sandbox's login shell.
-	Cmd  *string            `json:"cmd,omitempty"`
-	Cols *int               `json:"cols,omitempty"`
-	Cwd  *string            `json:"cwd,omitempty"`
-	Env  *map[string]string `json:"env,omitempty"`
-	Rows *int               `json:"rows,omitempty"`
-	Tag  *string            `json:"tag,omitempty"`
+	Cmd  string            `json:"cmd,omitempty"`
+	Cols int               `json:"cols,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	Env  map[string]string `json:"env,omitempty"`
+	Rows int               `json:"rows,omitempty"`
+	Tag  string            `json:"tag,omitempty"`
 }
 
 // Process defines model for Process.
@@ -397,8 +399,8 @@ type Process struct {
 	Pid       int         `json:"pid"`
 	Running   bool        `json:"running"`
 	StartedAt time.Time   `json:"started_at"`
-	Tag       *string     `json:"tag,omitempty"`
-	Tty       *bool       `json:"tty,omitempty"`
+	Tag       string      `json:"tag,omitempty"`
+	Tty       bool        `json:"tty,omitempty"`
 }
 
 // ProcessList defines model for ProcessList.
@@ -420,20 +422,20 @@ type ResizeRequest struct {
 
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
-	Base      string             `json:"base"`
-	CreatedAt time.Time          `json:"created_at"`
-	Cwd       *string            `json:"cwd,omitempty"`
-	Env       *map[string]string `json:"env,omitempty"`
-	Hostname  *string            `json:"hostname,omitempty"`
-	Id        string             `json:"id"`
-	Labels    *map[string]string `json:"labels,omitempty"`
-	Limits    *Limits            `json:"limits,omitempty"`
-	Metadata  *map[string]string `json:"metadata,omitempty"`
-	Reason    *string            `json:"reason,omitempty"`
-	State     SandboxState       `json:"state"`
-	Template  *string            `json:"template,omitempty"`
-	Timeout   *int               `json:"timeout,omitempty"`
-	UpdatedAt time.Time          `json:"updated_at"`
+	Base      string            `json:"base"`
+	CreatedAt time.Time         `json:"created_at"`
+	Cwd       string            `json:"cwd,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Hostname  string            `json:"hostname,omitempty"`
+	Id        string            `json:"id"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Limits    Limits            `json:"limits,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	Reason    string            `json:"reason,omitempty"`
+	State     SandboxState      `json:"state"`
+	Template  string            `json:"template,omitempty"`
+	Timeout   int               `json:"timeout,omitempty"`
+	UpdatedAt time.Time         `json:"updated_at"`
 }
 
 // SandboxState defines model for Sandbox.State.
@@ -441,7 +443,7 @@ type SandboxState string
 
 // SandboxList defines model for SandboxList.
 type SandboxList struct {
-	NextPageToken *string   `json:"next_page_token,omitempty"`
+	NextPageToken string    `json:"next_page_token,omitempty"`
 	Sandboxes     []Sandbox `json:"sandboxes"`
 }
 
@@ -453,27 +455,27 @@ type SignalRequest struct {
 
 // StartProcessRequest defines model for StartProcessRequest.
 type StartProcessRequest struct {
-	Cmd  string             `json:"cmd"`
-	Cols *int               `json:"cols,omitempty"`
-	Cwd  *string            `json:"cwd,omitempty"`
-	Env  *map[string]string `json:"env,omitempty"`
-	Rows *int               `json:"rows,omitempty"`
+	Cmd  string            `json:"cmd"`
+	Cols int               `json:"cols,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	Env  map[string]string `json:"env,omitempty"`
+	Rows int               `json:"rows,omitempty"`
 
 	// Stdin Keep stdin open for writes.
-	Stdin *bool   `json:"stdin,omitempty"`
-	Tag   *string `json:"tag,omitempty"`
+	Stdin bool   `json:"stdin,omitempty"`
+	Tag   string `json:"tag,omitempty"`
 
 	// Timeout Seconds; 0 = runs until it exits.
-	Timeout *float32 `json:"timeout,omitempty"`
-	Tty     *bool    `json:"tty,omitempty"`
+	Timeout float64 `json:"timeout,omitempty"`
+	Tty     bool    `json:"tty,omitempty"`
 }
 
 // StreamInput defines model for StreamInput.
 type StreamInput struct {
-	Cols   *int            `json:"cols,omitempty"`
-	Data   *[]byte         `json:"data,omitempty"`
-	Rows   *int            `json:"rows,omitempty"`
-	Signal *string         `json:"signal,omitempty"`
+	Cols   int             `json:"cols,omitempty"`
+	Data   []byte          `json:"data,omitempty"`
+	Rows   int             `json:"rows,omitempty"`
+	Signal string          `json:"signal,omitempty"`
 	Type   StreamInputType `json:"type"`
 }
 
@@ -492,18 +494,18 @@ type SandboxID = string
 // ListSandboxesParams defines parameters for ListSandboxes.
 type ListSandboxesParams struct {
 	// State Only sandboxes in one of these states (comma separated).
-	State *string `form:"state,omitempty" json:"state,omitempty"`
+	State string `form:"state,omitempty" json:"state,omitempty"`
 
 	// Label Only sandboxes carrying this label, as key=value; repeat for several (all must match).
-	Label     *[]string `form:"label,omitempty" json:"label,omitempty"`
-	Limit     *int      `form:"limit,omitempty" json:"limit,omitempty"`
-	PageToken *string   `form:"page_token,omitempty" json:"page_token,omitempty"`
+	Label     []string `form:"label,omitempty" json:"label,omitempty"`
+	Limit     int      `form:"limit,omitempty" json:"limit,omitempty"`
+	PageToken string   `form:"page_token,omitempty" json:"page_token,omitempty"`
 }
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
-	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
-	Force     *bool `form:"force,omitempty" json:"force,omitempty"`
+	Recursive bool `form:"recursive,omitempty" json:"recursive,omitempty"`
+	Force     bool `form:"force,omitempty" json:"force,omitempty"`
 
 	// Path A path in the sandbox; relative paths are under /workspace.
 	Path Path `form:"path" json:"path"`
@@ -518,7 +520,7 @@ type ReadFileParams struct {
 // WriteFileParams defines parameters for WriteFile.
 type WriteFileParams struct {
 	// Mode Octal permission bits, e.g. 0644.
-	Mode *string `form:"mode,omitempty" json:"mode,omitempty"`
+	Mode string `form:"mode,omitempty" json:"mode,omitempty"`
 
 	// Path A path in the sandbox; relative paths are under /workspace.
 	Path Path `form:"path" json:"path"`
@@ -544,8 +546,8 @@ type FileExistsParams struct {
 
 // ListFilesParams defines parameters for ListFiles.
 type ListFilesParams struct {
-	Depth *int    `form:"depth,omitempty" json:"depth,omitempty"`
-	Glob  *string `form:"glob,omitempty" json:"glob,omitempty"`
+	Depth int    `form:"depth,omitempty" json:"depth,omitempty"`
+	Glob  string `form:"glob,omitempty" json:"glob,omitempty"`
 
 	// Path A path in the sandbox; relative paths are under /workspace.
 	Path Path `form:"path" json:"path"`
@@ -559,23 +561,23 @@ type StatFileParams struct {
 
 // ProcessOutputParams defines parameters for ProcessOutput.
 type ProcessOutputParams struct {
-	FromSeq *int64 `form:"from_seq,omitempty" json:"from_seq,omitempty"`
-	Follow  *bool  `form:"follow,omitempty" json:"follow,omitempty"`
+	FromSeq int64 `form:"from_seq,omitempty" json:"from_seq,omitempty"`
+	Follow  bool  `form:"follow,omitempty" json:"follow,omitempty"`
 }
 
 // WriteProcessStdinParams defines parameters for WriteProcessStdin.
 type WriteProcessStdinParams struct {
-	Close *bool `form:"close,omitempty" json:"close,omitempty"`
+	Close bool `form:"close,omitempty" json:"close,omitempty"`
 }
 
 // WaitProcessParams defines parameters for WaitProcess.
 type WaitProcessParams struct {
-	Timeout *float32 `form:"timeout,omitempty" json:"timeout,omitempty"`
+	Timeout float64 `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // TerminalWebSocketParams defines parameters for TerminalWebSocket.
 type TerminalWebSocketParams struct {
-	Scrollback *int `form:"scrollback,omitempty" json:"scrollback,omitempty"`
+	Scrollback int `form:"scrollback,omitempty" json:"scrollback,omitempty"`
 }
 
 // CreateKeyJSONRequestBody defines body for CreateKey for application/json ContentType.
@@ -1683,21 +1685,17 @@ func NewListSandboxesRequest(server string, params *ListSandboxesParams) (*http.
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if params.State != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "state", *params.State, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "state", params.State, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
 		if params.Label != nil {
 
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "label", *params.Label, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "array", Format: ""}); err != nil {
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "label", params.Label, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "array", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -1707,28 +1705,20 @@ func NewListSandboxesRequest(server string, params *ListSandboxesParams) (*http.
 
 		}
 
-		if params.Limit != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
-		if params.PageToken != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_token", *params.PageToken, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_token", params.PageToken, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {
@@ -2016,28 +2006,20 @@ func NewRemoveFileRequest(server string, id SandboxID, params *RemoveFileParams)
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if params.Recursive != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "recursive", *params.Recursive, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "recursive", params.Recursive, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
-		if params.Force != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "force", *params.Force, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "force", params.Force, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
@@ -2154,16 +2136,12 @@ func NewWriteFileRequestWithBody(server string, id SandboxID, params *WriteFileP
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if params.Mode != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "mode", *params.Mode, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "mode", params.Mode, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
@@ -2398,28 +2376,20 @@ func NewListFilesRequest(server string, id SandboxID, params *ListFilesParams) (
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if params.Depth != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "depth", *params.Depth, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "depth", params.Depth, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
-		if params.Glob != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "glob", *params.Glob, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "glob", params.Glob, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
@@ -2759,28 +2729,20 @@ func NewProcessOutputRequest(server string, id SandboxID, process ProcessID, par
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if params.FromSeq != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "from_seq", *params.FromSeq, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int64"}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "from_seq", params.FromSeq, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int64"}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
-		if params.Follow != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "follow", *params.Follow, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "follow", params.Follow, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {
@@ -2893,16 +2855,12 @@ func NewWriteProcessStdinRequestWithBody(server string, id SandboxID, process Pr
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if params.Close != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "close", *params.Close, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "close", params.Close, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {
@@ -2963,16 +2921,12 @@ func NewWaitProcessRequest(server string, id SandboxID, process ProcessID, param
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if params.Timeout != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "number", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "number", Format: "double"}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {
@@ -3132,16 +3086,12 @@ func NewTerminalWebSocketRequest(server string, id SandboxID, process ProcessID,
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if params.Scrollback != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "scrollback", *params.Scrollback, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "scrollback", params.Scrollback, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {
@@ -7429,7 +7379,7 @@ func (siw *ServerInterfaceWrapper) WaitProcess(w http.ResponseWriter, r *http.Re
 
 	// ------------- Optional query parameter "timeout" -------------
 
-	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "number", Format: ""})
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "number", Format: "double"})
 	if err != nil {
 		var requiredError *runtime.RequiredParameterError
 		if errors.As(err, &requiredError) {

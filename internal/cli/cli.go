@@ -26,7 +26,7 @@ func Main(args []string) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCmd())
+	root.AddCommand(runCmd(), serveCmd())
 	root.SetArgs(args)
 	err := root.Execute()
 	var ee exitError

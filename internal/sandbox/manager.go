@@ -1,0 +1,354 @@
+// Package sandbox is the manager: the one place that owns a sandbox's
+// state. It keeps records in the store, drives a backend through the
+// transitions of one state machine, recovers every sandbox after a daemon
+// restart, and enforces time limits. Servers and other front ends call the
+// manager; nothing below it knows about tenants or HTTP.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/hutch-dev/hutch/internal/backend"
+	"github.com/hutch-dev/hutch/internal/errdefs"
+	"github.com/hutch-dev/hutch/internal/store"
+)
+
+// State is where a sandbox is in its life.
+type State string
+
+// The states. Every transition goes through Manager.transition.
+const (
+	Creating  State = "creating"
+	Running   State = "running"
+	Paused    State = "paused"
+	Suspended State = "suspended"
+	Retired   State = "retired"
+	Destroyed State = "destroyed"
+	Failed    State = "failed"
+)
+
+// transitions lists the allowed state changes.
+var transitions = map[State][]State{
+	Creating:  {Running, Failed, Destroyed},
+	Running:   {Paused, Suspended, Failed, Destroyed},
+	Paused:    {Running, Suspended, Failed, Destroyed},
+	Suspended: {Running, Retired, Failed, Destroyed},
+	Retired:   {Destroyed},
+	Failed:    {Destroyed},
+	Destroyed: {},
+}
+
+func canMove(from, to State) bool {
+	for _, s := range transitions[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Options tune the manager.
+type Options struct {
+	Logger *slog.Logger
+	// ReapInterval is how often time limits are checked (default 1s).
+	ReapInterval time.Duration
+	// OnTransition, when set, is told of every state change (metrics).
+	OnTransition func(from, to State)
+}
+
+// Manager owns sandboxes.
+type Manager struct {
+	st   *store.Store
+	be   backend.Backend
+	opts Options
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+
+	stop func()
+	done chan struct{}
+}
+
+// Spec is what a caller asks for when creating a sandbox.
+type Spec struct {
+	ID       string            `json:"id,omitempty"`
+	Base     string            `json:"base,omitempty"`
+	Template string            `json:"template,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	Cwd      string            `json:"cwd,omitempty"`
+	Hostname string            `json:"hostname,omitempty"`
+	Limits   backend.Limits    `json:"limits"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// Timeout destroys the sandbox this long after creation (0: never).
+	Timeout time.Duration `json:"timeout,omitempty"`
+}
+
+// Sandbox is the manager's view of one sandbox.
+type Sandbox struct {
+	ID       string
+	Tenant   string
+	State    State
+	Reason   string
+	Spec     Spec
+	Deadline time.Time // zero: no timeout
+	Created  time.Time
+	Updated  time.Time
+}
+
+// extra is the lifecycle data kept in the store's Extra column.
+type extra struct {
+	Deadline time.Time `json:"deadline,omitzero"`
+}
+
+// New makes a manager over a store and a backend, recovers every sandbox
+// the store knows, and starts the time-limit reaper. Close stops it.
+func New(ctx context.Context, st *store.Store, be backend.Backend, opts Options) (*Manager, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.ReapInterval == 0 {
+		opts.ReapInterval = time.Second
+	}
+	m := &Manager{st: st, be: be, opts: opts, log: opts.Logger, locks: map[string]*sync.Mutex{}}
+	if err := m.recoverAll(ctx); err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	m.stop, m.done = cancel, make(chan struct{})
+	go m.reaper(rctx)
+	return m, nil
+}
+
+// Close stops the reaper. Sandboxes keep running.
+func (m *Manager) Close() error {
+	m.stop()
+	<-m.done
+	return nil
+}
+
+// Backend is the backend the manager drives.
+func (m *Manager) Backend() backend.Backend { return m.be }
+
+func (m *Manager) lock(id string) func() {
+	m.mu.Lock()
+	l := m.locks[id]
+	if l == nil {
+		l = &sync.Mutex{}
+		m.locks[id] = l
+	}
+	m.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// NewID returns a fresh sandbox id.
+func NewID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "sbx-" + hex.EncodeToString(b)
+}
+
+// Create records and starts a sandbox for tenant. On failure nothing is
+// left: the record goes with the half-made sandbox.
+func (m *Manager) Create(ctx context.Context, tenant string, spec Spec) (Sandbox, error) {
+	if spec.ID == "" {
+		spec.ID = NewID()
+	}
+	if spec.Template != "" {
+		return Sandbox{}, fmt.Errorf("templates: %w", errdefs.ErrNotImplemented)
+	}
+	if spec.Timeout < 0 {
+		return Sandbox{}, fmt.Errorf("timeout %v: %w", spec.Timeout, errdefs.ErrInvalidArgument)
+	}
+	unlock := m.lock(spec.ID)
+	defer unlock()
+	rec, err := m.insert(ctx, tenant, spec)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	m.notify("", Creating)
+	h, err := m.be.Create(ctx, backendSpec(spec))
+	if err != nil {
+		if derr := m.st.DeleteSandbox(context.WithoutCancel(ctx), spec.ID); derr != nil {
+			m.log.Error("drop record of failed create", "id", spec.ID, "err", derr)
+		}
+		m.notify(Creating, "")
+		return Sandbox{}, err
+	}
+	rec.Handle, _ = json.Marshal(h)
+	rec, err = m.move(ctx, rec, Running, "")
+	if err != nil {
+		_ = m.be.Destroy(context.WithoutCancel(ctx), spec.ID)
+		_ = m.st.DeleteSandbox(context.WithoutCancel(ctx), spec.ID)
+		return Sandbox{}, err
+	}
+	return fromRecord(rec)
+}
+
+func (m *Manager) insert(ctx context.Context, tenant string, spec Spec) (store.Sandbox, error) {
+	raw, err := json.Marshal(spec)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	var ex extra
+	if spec.Timeout > 0 {
+		ex.Deadline = time.Now().Add(spec.Timeout).UTC()
+	}
+	exRaw, _ := json.Marshal(ex)
+	return m.st.InsertSandbox(ctx, store.Sandbox{ID: spec.ID, Tenant: tenant, State: string(Creating),
+		Spec: raw, Extra: exRaw, Labels: spec.Labels, Metadata: spec.Metadata})
+}
+
+func backendSpec(s Spec) backend.Spec {
+	return backend.Spec{ID: s.ID, Base: s.Base, Env: s.Env, Cwd: s.Cwd, Hostname: s.Hostname, Limits: s.Limits}
+}
+
+// move records a transition, refusing one the state machine forbids.
+func (m *Manager) move(ctx context.Context, rec store.Sandbox, to State, reason string) (store.Sandbox, error) {
+	from := State(rec.State)
+	if from != to && !canMove(from, to) {
+		return rec, &errdefs.TransitionError{ID: rec.ID, From: string(from), To: string(to)}
+	}
+	rec.State, rec.Reason = string(to), reason
+	out, err := m.st.UpdateSandbox(context.WithoutCancel(ctx), rec)
+	if err == nil && from != to {
+		m.notify(from, to)
+	}
+	return out, err
+}
+
+func (m *Manager) notify(from, to State) {
+	if m.opts.OnTransition != nil {
+		m.opts.OnTransition(from, to)
+	}
+}
+
+// Get returns a sandbox of tenant ("" = any tenant).
+func (m *Manager) Get(ctx context.Context, tenant, id string) (Sandbox, error) {
+	rec, err := m.st.GetSandbox(ctx, tenant, id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	return fromRecord(rec)
+}
+
+// ListOptions filter a listing.
+type ListOptions struct {
+	States    []State
+	Labels    map[string]string
+	Limit     int
+	PageToken string
+}
+
+// List lists tenant's sandboxes.
+func (m *Manager) List(ctx context.Context, tenant string, o ListOptions) ([]Sandbox, string, error) {
+	states := make([]string, len(o.States))
+	for i, s := range o.States {
+		if _, ok := transitions[s]; !ok {
+			return nil, "", fmt.Errorf("state %q: %w", s, errdefs.ErrInvalidArgument)
+		}
+		states[i] = string(s)
+	}
+	recs, next, err := m.st.ListSandboxes(ctx, store.ListFilter{Tenant: tenant, States: states,
+		Labels: o.Labels, Limit: o.Limit, PageToken: o.PageToken})
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]Sandbox, 0, len(recs))
+	for _, r := range recs {
+		sb, err := fromRecord(r)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, sb)
+	}
+	return out, next, nil
+}
+
+// Delete destroys a sandbox. Deleting one already destroyed succeeds.
+func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
+	rec, err := m.st.GetSandbox(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	return m.destroy(ctx, rec, "deleted")
+}
+
+func (m *Manager) destroy(ctx context.Context, rec store.Sandbox, reason string) error {
+	rec, err := m.st.GetSandbox(ctx, "", rec.ID) // fresh, under the lock
+	if err != nil {
+		return err
+	}
+	if State(rec.State) == Destroyed {
+		return nil
+	}
+	if err := m.be.Destroy(context.WithoutCancel(ctx), rec.ID); err != nil {
+		return fmt.Errorf("destroy %s: %w", rec.ID, err)
+	}
+	_, err = m.move(ctx, rec, Destroyed, reason)
+	return err
+}
+
+// Live returns the id of a running sandbox of tenant, for operations that
+// need its processes; any other state is a conflict naming it.
+func (m *Manager) Live(ctx context.Context, tenant, id string) (string, error) {
+	rec, err := m.st.GetSandbox(ctx, tenant, id)
+	if err != nil {
+		return "", err
+	}
+	if State(rec.State) != Running {
+		return "", &errdefs.TransitionError{ID: id, From: rec.State, To: string(Running)}
+	}
+	return id, nil
+}
+
+// Died records that a running sandbox's init is gone.
+func (m *Manager) Died(ctx context.Context, id, reason string) {
+	unlock := m.lock(id)
+	defer unlock()
+	rec, err := m.st.GetSandbox(ctx, "", id)
+	if err != nil || State(rec.State) != Running {
+		return
+	}
+	if _, err := m.move(ctx, rec, Failed, reason); err != nil {
+		m.log.Error("record failed sandbox", "id", id, "err", err)
+	}
+}
+
+// CheckAlive asks the backend whether a sandbox's init still runs and
+// records a failure if not. It returns the error to give the caller.
+func (m *Manager) CheckAlive(ctx context.Context, id string, cause error) error {
+	info, err := m.be.Inspect(ctx, id)
+	if err == nil && info.Status == backend.StatusDead {
+		m.Died(ctx, id, info.Reason)
+		return &errdefs.TransitionError{ID: id, From: string(Failed), To: string(Running)}
+	}
+	return cause
+}
+
+func fromRecord(r store.Sandbox) (Sandbox, error) {
+	sb := Sandbox{ID: r.ID, Tenant: r.Tenant, State: State(r.State), Reason: r.Reason, Created: r.Created, Updated: r.Updated}
+	if err := json.Unmarshal(r.Spec, &sb.Spec); err != nil {
+		return sb, fmt.Errorf("sandbox %s: stored spec: %w", r.ID, err)
+	}
+	sb.Spec.Labels, sb.Spec.Metadata = r.Labels, r.Metadata
+	var ex extra
+	if len(r.Extra) > 0 {
+		if err := json.Unmarshal(r.Extra, &ex); err != nil {
+			return sb, fmt.Errorf("sandbox %s: stored lifecycle data: %w", r.ID, err)
+		}
+	}
+	sb.Deadline = ex.Deadline
+	return sb, nil
+}

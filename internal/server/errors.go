@@ -1,0 +1,106 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/hutch-dev/hutch/api"
+	"github.com/hutch-dev/hutch/internal/errdefs"
+)
+
+// statusOf is the one mapping from error class to HTTP status.
+func statusOf(err error) int {
+	switch errdefs.Code(err) {
+	case "invalid_argument":
+		return http.StatusBadRequest
+	case "unauthenticated":
+		return http.StatusUnauthorized
+	case "permission_denied":
+		return http.StatusForbidden
+	case "not_found":
+		return http.StatusNotFound
+	case "already_exists", "conflict":
+		return http.StatusConflict
+	case "failed_precondition":
+		return http.StatusPreconditionFailed
+	case "payload_too_large":
+		return http.StatusRequestEntityTooLarge
+	case "resource_exhausted":
+		return http.StatusTooManyRequests
+	case "not_implemented":
+		return http.StatusNotImplemented
+	case "unavailable":
+		return http.StatusServiceUnavailable
+	case "deadline_exceeded":
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+// apiError is the error body for err; internal errors get a generic message
+// (the cause is logged, never sent).
+func (s *Server) apiError(r *http.Request, err error) (int, api.Error) {
+	status := statusOf(err)
+	body := api.Error{Code: errdefs.Code(err), Message: err.Error(), RequestId: requestID(r.Context())}
+	if status == http.StatusInternalServerError {
+		body.Message = "internal error; see the daemon's log for request " + body.RequestId
+		s.log.Error("internal error", "request_id", body.RequestId, "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	return status, body
+}
+
+// fail writes err as the API's error body.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, body := s.apiError(r, err)
+	s.metrics.errors.WithLabelValues(body.Code).Inc()
+	writeJSON(w, status, body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func invalid(format string, args ...any) error {
+	return errdefs.New(errdefs.ErrInvalidArgument, format, args...)
+}
+
+func notFound(format string, args ...any) error {
+	return errdefs.New(errdefs.ErrNotFound, format, args...)
+}
+
+// decode reads a JSON body into v: at most max bytes, no unknown fields,
+// nothing after the value.
+func decode(w http.ResponseWriter, r *http.Request, max int64, v any) error {
+	r.Body = http.MaxBytesReader(w, r.Body, max)
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return bodyError(err, max)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return invalid("request body: unexpected data after the JSON value")
+	}
+	return nil
+}
+
+func bodyError(err error, max int64) error {
+	var tooBig *http.MaxBytesError
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &tooBig):
+		return errdefs.New(errdefs.ErrTooLarge, "request body is over %d bytes", max)
+	case errors.Is(err, io.EOF):
+		return invalid("request body is empty; a JSON object was expected")
+	case errors.As(err, &syn):
+		return invalid("request body is not valid JSON at byte %d: %v", syn.Offset, err)
+	case errors.As(err, &typ):
+		return invalid("request body: field %q must be %s, not %s", typ.Field, typ.Type, typ.Value)
+	}
+	// Unknown fields among them: encoding/json has no typed error for it.
+	return invalid("request body: %v", err)
+}

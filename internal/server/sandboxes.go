@@ -1,0 +1,126 @@
+package server
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/hutch-dev/hutch/api"
+	"github.com/hutch-dev/hutch/internal/backend"
+	"github.com/hutch-dev/hutch/internal/errdefs"
+	"github.com/hutch-dev/hutch/internal/sandbox"
+)
+
+// Health implements api.ServerInterface.
+func (s *Server) Health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Version: s.cfg.Version, Backend: s.mgr.Backend().Name()})
+}
+
+// CreateSandbox implements api.ServerInterface.
+func (s *Server) CreateSandbox(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateSandboxRequest
+	if err := decode(w, r, s.lim.MaxBodyBytes, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Timeout < 0 {
+		s.fail(w, r, invalid("timeout %d: want seconds ≥ 0", req.Timeout))
+		return
+	}
+	spec := sandbox.Spec{ID: req.Id, Base: req.Base, Template: req.Template, Env: req.Env, Cwd: req.Cwd,
+		Hostname: req.Hostname, Labels: req.Labels, Metadata: req.Metadata,
+		Timeout: time.Duration(req.Timeout) * time.Second,
+		Limits: backend.Limits{MemoryBytes: req.Limits.MemoryMb << 20, CPUMillis: req.Limits.CpuMillis, Pids: req.Limits.Pids}}
+	sb, err := s.mgr.Create(r.Context(), tenantOf(r.Context()).ID, spec)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, toAPISandbox(sb))
+}
+
+// GetSandbox implements api.ServerInterface.
+func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	sb, err := s.mgr.Get(r.Context(), s.scope(r), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPISandbox(sb))
+}
+
+// scope is the tenant filter for a request: "" (all) on the local socket.
+func (s *Server) scope(r *http.Request) string {
+	t := tenantOf(r.Context())
+	if t.Trusted {
+		return ""
+	}
+	return t.ID
+}
+
+// ListSandboxes implements api.ServerInterface.
+func (s *Server) ListSandboxes(w http.ResponseWriter, r *http.Request, params api.ListSandboxesParams) {
+	opts := sandbox.ListOptions{Limit: params.Limit, PageToken: params.PageToken}
+	if params.State != "" {
+		for _, st := range strings.Split(params.State, ",") {
+			opts.States = append(opts.States, sandbox.State(strings.TrimSpace(st)))
+		}
+	}
+	for _, kv := range params.Label {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			s.fail(w, r, invalid("label filter %q: want key=value", kv))
+			return
+		}
+		if opts.Labels == nil {
+			opts.Labels = map[string]string{}
+		}
+		opts.Labels[k] = v
+	}
+	sbs, next, err := s.mgr.List(r.Context(), s.scope(r), opts)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := api.SandboxList{Sandboxes: make([]api.Sandbox, 0, len(sbs)), NextPageToken: next}
+	for _, sb := range sbs {
+		out.Sandboxes = append(out.Sandboxes, toAPISandbox(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// DeleteSandbox implements api.ServerInterface.
+func (s *Server) DeleteSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	if err := s.mgr.Delete(r.Context(), s.scope(r), id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func toAPISandbox(sb sandbox.Sandbox) api.Sandbox {
+	sp := sb.Spec
+	base := sp.Base
+	if base == "" {
+		base = "host"
+	}
+	out := api.Sandbox{Id: sb.ID, State: api.SandboxState(sb.State), Reason: sb.Reason, Base: base,
+		Template: sp.Template, Env: sp.Env, Cwd: sp.Cwd, Hostname: sp.Hostname, Labels: sp.Labels,
+		Metadata: sp.Metadata, Timeout: int(sp.Timeout / time.Second), CreatedAt: sb.Created, UpdatedAt: sb.Updated,
+		Limits: api.Limits{MemoryMb: sp.Limits.MemoryBytes >> 20, CpuMillis: sp.Limits.CPUMillis, Pids: sp.Limits.Pids}}
+	return out
+}
+
+// live resolves a request's sandbox to a running one of its tenant.
+func (s *Server) live(r *http.Request, id string) (string, error) {
+	return s.mgr.Live(r.Context(), s.scope(r), id)
+}
+
+// backendErr gives a failed backend call its final form: a sandbox whose
+// init died is recorded as failed and reported as a conflict.
+func (s *Server) backendErr(r *http.Request, id string, err error) error {
+	if errdefs.Code(err) == "failed_precondition" || errdefs.Code(err) == "unavailable" {
+		return s.mgr.CheckAlive(r.Context(), id, err)
+	}
+	return err
+}
