@@ -446,4 +446,3 @@ func tail(b []byte, n int) []byte {
 	}
 	return b
 }
-

@@ -118,4 +118,3 @@ func applyInput(ctx context.Context, p backend.Process, in api.StreamInput) {
 		}
 	}
 }
-
