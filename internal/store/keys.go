@@ -43,7 +43,10 @@ const (
 	base32lc = "abcdefghijklmnopqrstuvwxyz234567"
 )
 
-const keyCols = `id, name, tenant, prefix, created, last_used, revoked, expires`
+const (
+	keyCols      = `id, name, tenant, prefix, created, last_used, revoked, expires`
+	keyByHashSQL = `SELECT ` + keyCols + ` FROM api_keys WHERE hash = ?`
+)
 
 // CreateKey makes a key and returns it with its secret, which is not
 // recoverable afterwards. tenant defaults to the key's ID.
@@ -159,7 +162,7 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (Key, error) {
 		return Key{}, fmt.Errorf("store: malformed api key: %w", errdefs.ErrUnauthenticated)
 	}
 	h := sha256.Sum256([]byte(secret))
-	k, err := scanKey(s.r.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys WHERE hash = ?`, h[:]))
+	k, err := scanKey(s.keyByHash.QueryRowContext(ctx, h[:]))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Key{}, fmt.Errorf("store: unknown api key: %w", errdefs.ErrUnauthenticated)
 	}

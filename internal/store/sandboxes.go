@@ -33,7 +33,11 @@ type Sandbox struct {
 	Version  int64             `json:"version"` // optimistic concurrency: bumped by every update
 }
 
-const sandboxCols = `id, tenant, state, reason, spec, handle, extra, labels, metadata, created, updated, version`
+const (
+	sandboxCols = `id, tenant, state, reason, spec, handle, extra, labels, metadata, created, updated, version`
+	// tenant '' matches any tenant.
+	sandboxByIDSQL = `SELECT ` + sandboxCols + ` FROM sandboxes WHERE id = ?1 AND (?2 = '' OR tenant = ?2)`
+)
 
 // InsertSandbox stores a new sandbox at Version 1 with Created and Updated
 // set to now, and returns it as stored. A duplicate ID is ErrAlreadyExists.
@@ -116,9 +120,7 @@ func whyNotUpdated(ctx context.Context, tx *sql.Tx, sb Sandbox) error {
 // local socket); otherwise another tenant's sandbox is ErrNotFound, exactly
 // like a missing one, so IDs do not leak across tenants.
 func (s *Store) GetSandbox(ctx context.Context, tenant, id string) (Sandbox, error) {
-	row := s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes
-		WHERE id = ?1 AND (?2 = '' OR tenant = ?2)`, id, tenant)
-	sb, err := scanSandbox(row)
+	sb, err := scanSandbox(s.sandboxByID.QueryRowContext(ctx, id, tenant))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("store: sandbox %q: %w", id, errdefs.ErrNotFound)
 	}

@@ -201,9 +201,9 @@ func TestQueryPlans(t *testing.T) {
 		args        []any
 		want        []string
 	}{
-		{"authenticate", `SELECT ` + keyCols + ` FROM api_keys WHERE hash = ?`, []any{[]byte("x")},
+		{"authenticate", keyByHashSQL, []any{[]byte("x")},
 			[]string{"USING INDEX sqlite_autoindex_api_keys"}},
-		{"get", `SELECT ` + sandboxCols + ` FROM sandboxes WHERE id = ?1 AND (?2 = '' OR tenant = ?2)`, []any{"x", "t"},
+		{"get", sandboxByIDSQL, []any{"x", "t"},
 			[]string{"USING INDEX sqlite_autoindex_sandboxes"}},
 		{"list by tenant and label", listSQL, listArgs,
 			[]string{"sandboxes_tenant_created", "sandbox_labels_kv"}},
