@@ -230,6 +230,28 @@ type FileAccessor interface {
 	Rename(ctx context.Context, id, from, to string) error
 }
 
+// ArchiveStats describe a packed writable layer.
+type ArchiveStats struct {
+	Files      int    `json:"files"`
+	Bytes      int64  `json:"bytes"`      // uncompressed
+	Compressed int64  `json:"compressed"` // what was written
+	SHA256     string `json:"sha256"`     // of what was written
+}
+
+// Suspender is an optional capability: keep a sandbox's whole writable
+// layer (everything it changed in its root filesystem, not only
+// /workspace) while its processes and memory are let go.
+type Suspender interface {
+	// Suspend freezes the sandbox, writes its writable layer to w (tar +
+	// zstd) and, once that succeeded, stops it and releases the layer's
+	// disk. If writing fails (w refused more bytes, say), the sandbox is
+	// thawed and runs on as before.
+	Suspend(ctx context.Context, id string, w io.Writer) (ArchiveStats, error)
+	// Resume restores the writable layer from r, over the same base, and
+	// starts a new init.
+	Resume(ctx context.Context, id string, r io.Reader) (Handle, error)
+}
+
 // Pauser is an optional capability: freeze and thaw every process.
 type Pauser interface {
 	Pause(ctx context.Context, id string) error

@@ -265,6 +265,8 @@ func testLifecycle(t *testing.T, h Harness, b backend.Backend) {
 			t.Fatal(err)
 		}
 	})
+	t.Run("SuspendResume20Cycles", func(t *testing.T) { testSuspend(t, b) })
+	t.Run("SuspendOverCapKeepsRunning", func(t *testing.T) { testSuspendOverCap(t, b) })
 	t.Run("PauseUnpause", func(t *testing.T) {
 		pz, ok := b.(backend.Pauser)
 		if !ok {

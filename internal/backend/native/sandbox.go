@@ -123,15 +123,17 @@ func (s *sandbox) save() error {
 // gone, and deletes the sandbox's cgroup. It is idempotent.
 func (s *sandbox) stop(ctx context.Context) error {
 	s.mu.Lock()
-	dead, pidfd, group, paused := s.dead, s.pidfd, s.group, s.paused
+	dead, pidfd, group := s.dead, s.pidfd, s.group
 	s.mu.Unlock()
-	if group != nil && paused {
-		_ = group.Thaw() // a frozen init cannot die
+	if dead != nil && pidfd > 0 {
+		_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
+	}
+	if group != nil {
+		// A frozen process cannot die: thaw after the kill is queued, so
+		// nothing runs another instruction of its own.
+		_ = group.Thaw()
 	}
 	if dead != nil {
-		if pidfd > 0 {
-			_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
-		}
 		select {
 		case <-dead:
 		case <-time.After(10 * time.Second):

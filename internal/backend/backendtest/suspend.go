@@ -1,0 +1,98 @@
+package backendtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/hutch-dev/hutch/internal/backend"
+	"github.com/hutch-dev/hutch/internal/errdefs"
+)
+
+// fillTree makes files of every kind a writable layer must keep, in
+// /workspace and outside it, and prints a manifest of them.
+const fillTree = `set -e
+mkdir -p /workspace/proj/empty /opt/tool/bin /etc/hutch-test
+printf 'hello' > /workspace/proj/a.txt
+head -c 300000 /dev/urandom > /workspace/proj/blob.bin
+ln -sf a.txt /workspace/proj/link
+ln -f /workspace/proj/a.txt /workspace/proj/hard
+printf '#!/bin/sh\necho tool\n' > /opt/tool/bin/tool && chmod 4755 /opt/tool/bin/tool
+chmod 0600 /workspace/proj/a.txt
+chmod 1777 /workspace/proj/empty
+echo conf > /etc/hutch-test/conf
+rm -f /etc/shells; rm -rf /etc/ssl/certs; mkdir /etc/ssl/certs; echo mine > /etc/ssl/certs/only
+`
+
+const manifest = `cd / && for p in /workspace/proj /workspace/proj/empty /workspace/proj/a.txt /workspace/proj/blob.bin ` +
+	`/workspace/proj/link /workspace/proj/hard /opt/tool/bin/tool /etc/hutch-test/conf; do ` +
+	`stat -c '%n %F %a %u:%g %s %h' $p; done; readlink /workspace/proj/link; ` +
+	`md5sum /workspace/proj/blob.bin /workspace/proj/a.txt /etc/hutch-test/conf /opt/tool/bin/tool; ` +
+	`test -e /etc/shells && echo shells-present || echo shells-absent; ls /etc/ssl/certs`
+
+func testSuspend(t *testing.T, b backend.Backend) {
+	sus, ok := b.(backend.Suspender)
+	if !ok {
+		t.Skip("backend has no Suspender capability")
+	}
+	ctx := context.Background()
+	id := NewID("susp")
+	Create(t, b, backend.Spec{ID: id})
+	Sh(t, b, id, fillTree)
+	want := Sh(t, b, id, manifest)
+	for cycle := 1; cycle <= 20; cycle++ {
+		var buf bytes.Buffer
+		st, err := sus.Suspend(ctx, id, &buf)
+		if err != nil {
+			t.Fatalf("cycle %d: suspend: %v", cycle, err)
+		}
+		if st.Compressed != int64(buf.Len()) || st.SHA256 == "" {
+			t.Fatalf("cycle %d: stats %+v for %d bytes", cycle, st, buf.Len())
+		}
+		if info, _ := b.Inspect(ctx, id); info.Status != backend.StatusStopped {
+			t.Fatalf("cycle %d: status after suspend %q", cycle, info.Status)
+		}
+		if _, err := sus.Resume(ctx, id, &buf); err != nil {
+			t.Fatalf("cycle %d: resume: %v", cycle, err)
+		}
+		if got := Sh(t, b, id, manifest); got != want {
+			t.Fatalf("cycle %d: the tree changed:\n--- before\n%s\n--- after\n%s", cycle, want, got)
+		}
+		Sh(t, b, id, fmt.Sprintf("echo %d >> /workspace/cycles", cycle))
+	}
+	if got := strings.Count(Sh(t, b, id, "cat /workspace/cycles"), "\n"); got != 20 {
+		t.Fatalf("a file appended each cycle has %d lines, want 20", got)
+	}
+}
+
+// failingWriter accepts n bytes, then refuses with a class.
+type failingWriter struct{ n int }
+
+func (w *failingWriter) Write(p []byte) (int, error) {
+	if len(p) > w.n {
+		return 0, fmt.Errorf("archive over its size cap: %w", errdefs.ErrResourceExhausted)
+	}
+	w.n -= len(p)
+	return len(p), nil
+}
+
+func testSuspendOverCap(t *testing.T, b backend.Backend) {
+	sus, ok := b.(backend.Suspender)
+	if !ok {
+		t.Skip("backend has no Suspender capability")
+	}
+	ctx := context.Background()
+	id := NewID("cap")
+	Create(t, b, backend.Spec{ID: id})
+	Sh(t, b, id, "head -c 2000000 /dev/urandom > /workspace/big; sleep 300 >/dev/null 2>&1 &")
+	_, err := sus.Suspend(ctx, id, &failingWriter{n: 64 << 10})
+	WantErr(t, "suspend over the cap", err, errdefs.ErrResourceExhausted)
+	if info, _ := b.Inspect(ctx, id); info.Status != backend.StatusRunning {
+		t.Fatalf("status after a failed suspend %q, want running", info.Status)
+	}
+	if got := Sh(t, b, id, "pgrep -c sleep; stat -c %s /workspace/big"); got != "1\n2000000\n" {
+		t.Fatalf("after a failed suspend: %q (the process and file must be intact)", got)
+	}
+}

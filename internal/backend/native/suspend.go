@@ -1,0 +1,93 @@
+package native
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/hutch-dev/hutch/internal/backend"
+	"github.com/hutch-dev/hutch/internal/errdefs"
+	"github.com/hutch-dev/hutch/internal/layer"
+)
+
+// maxRestoreBytes bounds what a restored writable layer may unpack to.
+const maxRestoreBytes = 64 << 30
+
+// Suspend implements backend.Suspender. The processes are frozen while the
+// upper is read, so the archive is one consistent moment; only once it is
+// written are they killed.
+func (b *Backend) Suspend(ctx context.Context, id string, w io.Writer) (backend.ArchiveStats, error) {
+	unlock := b.lockID(id)
+	defer unlock()
+	s, err := b.running(id)
+	if err != nil {
+		return backend.ArchiveStats{}, err
+	}
+	s.mu.Lock()
+	group, paused := s.group, s.paused
+	s.mu.Unlock()
+	if !paused {
+		if err := group.Freeze(); err != nil {
+			return backend.ArchiveStats{}, fmt.Errorf("suspend %s: freeze: %w", id, err)
+		}
+	}
+	st, err := layer.Pack(ctx, w, filepath.Join(s.dir, "upper"), s.state.UID, s.state.Size)
+	if err != nil {
+		if !paused {
+			_ = group.Thaw()
+		}
+		return backend.ArchiveStats{}, fmt.Errorf("suspend %s: %w", id, err)
+	}
+	if err := s.stop(context.WithoutCancel(ctx)); err != nil {
+		return backend.ArchiveStats{}, err
+	}
+	if err := resetDirs(s.dir); err != nil {
+		return backend.ArchiveStats{}, fmt.Errorf("suspend %s: release the upper: %w", id, err)
+	}
+	return backend.ArchiveStats{Files: st.Files + st.Dirs + st.Links, Bytes: st.Bytes,
+		Compressed: st.Compressed, SHA256: st.SHA256}, nil
+}
+
+// Resume implements backend.Suspender.
+func (b *Backend) Resume(ctx context.Context, id string, r io.Reader) (backend.Handle, error) {
+	unlock := b.lockID(id)
+	defer unlock()
+	s, err := b.get(id)
+	if err != nil {
+		return backend.Handle{}, err
+	}
+	if s.alive() {
+		return backend.Handle{}, &errdefs.TransitionError{ID: id, From: "running", To: "running"}
+	}
+	if err := resetDirs(s.dir); err != nil {
+		return backend.Handle{}, err
+	}
+	if _, err := layer.Unpack(ctx, r, filepath.Join(s.dir, "upper"), s.state.UID, s.state.Size, maxRestoreBytes); err != nil {
+		_ = resetDirs(s.dir)
+		return backend.Handle{}, fmt.Errorf("resume %s: %w", id, err)
+	}
+	if err := b.start(ctx, s, nil); err != nil {
+		return backend.Handle{}, err
+	}
+	return s.handle(), nil
+}
+
+// resetDirs empties a stopped sandbox's upper and work directories,
+// keeping them (and their owner) for the next start.
+func resetDirs(dir string) error {
+	for _, d := range []string{"upper", "work"} {
+		p := filepath.Join(dir, d)
+		entries, err := os.ReadDir(p)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if err := os.RemoveAll(filepath.Join(p, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
