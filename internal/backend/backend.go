@@ -252,6 +252,17 @@ type Suspender interface {
 	Resume(ctx context.Context, id string, r io.Reader) (Handle, error)
 }
 
+// Snapshotter is an optional capability: freeze a sandbox's filesystem as
+// it is now into a read-only layer directory that new sandboxes can stack
+// (Spec.Layers) — the basis of templates and fork.
+type Snapshotter interface {
+	// Snapshot writes the sandbox's writable layer, as a lower layer, to
+	// dst (which must not exist). Its processes are frozen meanwhile and
+	// run on after. Layers of the sandbox itself are not included: a new
+	// sandbox stacks dst over the same base and layers.
+	Snapshot(ctx context.Context, id, dst string) (ArchiveStats, error)
+}
+
 // Pauser is an optional capability: freeze and thaw every process.
 type Pauser interface {
 	Pause(ctx context.Context, id string) error

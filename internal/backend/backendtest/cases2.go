@@ -267,6 +267,7 @@ func testLifecycle(t *testing.T, h Harness, b backend.Backend) {
 	})
 	t.Run("SuspendResume20Cycles", func(t *testing.T) { testSuspend(t, b) })
 	t.Run("SuspendOverCapKeepsRunning", func(t *testing.T) { testSuspendOverCap(t, b) })
+	t.Run("SnapshotAndFork", func(t *testing.T) { testSnapshot(t, h, b) })
 	t.Run("PauseUnpause", func(t *testing.T) {
 		pz, ok := b.(backend.Pauser)
 		if !ok {

@@ -34,6 +34,9 @@ type Harness struct {
 	KillInit func(t *testing.T, b backend.Backend, info backend.Info)
 	// HostMarker is a host path that must not be visible in any sandbox.
 	HostMarker string
+	// LayerDir returns a directory on which snapshots may be written as
+	// layers the backend can mount (nil: no snapshot tests).
+	LayerDir func(t *testing.T) string
 	// ExtraBases are more bases every sandbox test can run on (a directory
 	// rootfs, an OCI image), besides the default.
 	ExtraBases []string

@@ -96,3 +96,37 @@ func testSuspendOverCap(t *testing.T, b backend.Backend) {
 		t.Fatalf("after a failed suspend: %q (the process and file must be intact)", got)
 	}
 }
+
+func testSnapshot(t *testing.T, h Harness, b backend.Backend) {
+	sn, ok := b.(backend.Snapshotter)
+	if !ok {
+		t.Skip("backend has no Snapshotter capability")
+	}
+	if h.LayerDir == nil {
+		t.Skip("harness gave no place for layers")
+	}
+	ctx := context.Background()
+	id := NewID("snap")
+	Create(t, b, backend.Spec{ID: id})
+	Sh(t, b, id, fillTree+"sleep 300 >/dev/null 2>&1 &")
+	want := Sh(t, b, id, manifest)
+	dst := h.LayerDir(t) + "/layer"
+	if _, err := sn.Snapshot(ctx, id, dst); err != nil {
+		t.Fatal(err)
+	}
+	if got := Sh(t, b, id, "pgrep -c sleep"); got != "1\n" {
+		t.Fatalf("the snapshotted sandbox's process: %q", got)
+	}
+	// Two forks stack the layer; each gets its own writable copy.
+	for i := range 2 {
+		fork := NewID(fmt.Sprintf("fork%d", i))
+		Create(t, b, backend.Spec{ID: fork, Layers: []string{dst}})
+		if got := Sh(t, b, fork, manifest); got != want {
+			t.Fatalf("fork %d differs:\n--- source\n%s\n--- fork\n%s", i, want, got)
+		}
+		Sh(t, b, fork, "echo fork > /workspace/proj/a.txt; pgrep sleep || true")
+		if got := Sh(t, b, id, "cat /workspace/proj/a.txt"); got != "hello" {
+			t.Fatalf("a fork's write reached the source: %q", got)
+		}
+	}
+}

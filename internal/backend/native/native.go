@@ -119,6 +119,7 @@ var (
 	_ backend.Archiver          = (*Backend)(nil)
 	_ backend.Pauser            = (*Backend)(nil)
 	_ backend.Suspender         = (*Backend)(nil)
+	_ backend.Snapshotter       = (*Backend)(nil)
 	_ backend.FileAccessor      = (*Backend)(nil)
 )
 
@@ -185,7 +186,7 @@ func (b *Backend) Name() string { return Name }
 
 // Capabilities implements backend.Backend.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Pause: true, Suspend: true, PTY: true, NativeFiles: true, Attach: true}
+	return backend.Capabilities{Pause: true, Suspend: true, Snapshot: true, PTY: true, NativeFiles: true, Attach: true}
 }
 
 // Close stops the warm pool and kills its parked inits. Sandboxes keep

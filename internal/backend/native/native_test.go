@@ -68,6 +68,7 @@ func harness(t *testing.T) backendtest.Harness {
 	}
 	h := backendtest.Harness{
 		HostMarker: marker,
+		LayerDir:   func(t *testing.T) string { return traversableTempDir(t) },
 		New: func(t *testing.T) backend.Backend {
 			dir := traversableTempDir(t)
 			b := newBackend(t, dir)

@@ -91,3 +91,29 @@ func resetDirs(dir string) error {
 	}
 	return nil
 }
+
+// Snapshot implements backend.Snapshotter: the upper, frozen for a
+// consistent moment, copied into dst with its owners shifted to the
+// in-sandbox uids, which an idmapped mount then shows as they were.
+func (b *Backend) Snapshot(ctx context.Context, id, dst string) (backend.ArchiveStats, error) {
+	unlock := b.lockID(id)
+	defer unlock()
+	s, err := b.running(id)
+	if err != nil {
+		return backend.ArchiveStats{}, err
+	}
+	s.mu.Lock()
+	group, paused := s.group, s.paused
+	s.mu.Unlock()
+	if !paused {
+		if err := group.Freeze(); err != nil {
+			return backend.ArchiveStats{}, fmt.Errorf("snapshot %s: freeze: %w", id, err)
+		}
+		defer group.Thaw()
+	}
+	st, err := layer.Copy(ctx, filepath.Join(s.dir, "upper"), dst, s.state.UID, 0, s.state.Size)
+	if err != nil {
+		return backend.ArchiveStats{}, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	return backend.ArchiveStats{Files: st.Files + st.Dirs + st.Links, Bytes: st.Bytes}, nil
+}
