@@ -250,8 +250,8 @@ func (s *Server) handleProcess(c *proto.Conn, req *proto.Request) {
 // it if asked.
 func (s *Server) handleStdin(c *proto.Conn, req *proto.Request) {
 	p, err := s.lookup(req.ProcID)
+	r := &proto.DataReader{C: c}
 	if err == nil {
-		r := &proto.DataReader{C: c}
 		buf := make([]byte, proto.DataChunk)
 		for err == nil {
 			n, rerr := r.Read(buf)
@@ -268,6 +268,11 @@ func (s *Server) handleStdin(c *proto.Conn, req *proto.Request) {
 	}
 	if err == nil && req.Close {
 		p.closeStdin()
+	}
+	// Drain what the client still sends, so it reads this answer rather
+	// than a broken pipe.
+	if err != nil {
+		_, _ = io.Copy(io.Discard, r)
 	}
 	reply(c, proto.Response{}, err)
 }

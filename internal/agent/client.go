@@ -291,19 +291,28 @@ func (cl *Client) upload(ctx context.Context, req proto.Request, r io.Reader) er
 	defer c.Close()
 	defer closeOnDone(ctx, c)()
 	w := proto.DataWriter{C: c}
+	var werr error
 	if r != nil {
-		if _, err := io.Copy(w, r); err != nil {
-			return connError(ctx, err)
-		}
+		_, werr = io.Copy(w, r)
 	}
-	if err := w.Close(); err != nil {
-		return connError(ctx, err)
+	if werr == nil {
+		werr = w.Close()
 	}
+	// Even when sending failed, the agent may have answered why.
 	var resp proto.Response
 	if err := c.ReadJSON(proto.TResponse, &resp); err != nil {
+		if werr != nil {
+			return connError(ctx, werr)
+		}
 		return connError(ctx, err)
 	}
-	return resp.Error.Err()
+	if resp.Error != nil {
+		return resp.Error.Err()
+	}
+	if werr != nil {
+		return connError(ctx, werr)
+	}
+	return nil
 }
 
 // download sends req, reads a response, then streams data frames.
