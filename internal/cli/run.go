@@ -4,19 +4,18 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
-	"io"
+	"errors"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
 
-	"github.com/hutch-dev/hutch/internal/backend"
-	"github.com/hutch-dev/hutch/internal/backend/native"
-	"github.com/hutch-dev/hutch/internal/errdefs"
+	hutch "github.com/hutch-dev/hutch/sdk"
 )
 
 type runFlags struct {
@@ -27,19 +26,23 @@ type runFlags struct {
 	stdin, tty      bool
 }
 
-func runCmd() *cobra.Command {
+func runCmd(g *globals) *cobra.Command {
 	var f runFlags
 	c := &cobra.Command{
 		Use:   "run [flags] -- CMD...",
 		Short: "Run a command in a throwaway sandbox and exit with its code",
-		Long: "run creates a sandbox on the native backend in this process (it needs root), " +
-			"runs CMD with sh -c, streams its output, destroys the sandbox and exits with the command's code " +
-			"(128+N when killed by signal N, 124 on timeout).",
-		Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return runInSandbox(cmd.Context(), f, args) },
+		Long: "run creates a sandbox, runs CMD with sh -c, streams its output, destroys the sandbox and exits " +
+			"with the command's code (128+N when killed by signal N, 124 on timeout); SIGINT and SIGTERM are " +
+			"passed on to the command.\n\n" +
+			"run is a client of the daemon at --host ($HUTCH_HOST) or, by default, of the one on the socket in " +
+			"the data directory (--data). When no --host is given and no daemon answers on that socket, run " +
+			"creates the sandbox itself, in this process, on the native backend (which needs root), so it " +
+			"works on a fresh machine with no daemon.",
+		Args: minArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error { return g.run(cmd.Context(), f, args) },
 	}
 	fl := c.Flags()
-	fl.StringVar(&f.data, "data", defaultDataDir(), "data directory")
+	fl.StringVar(&f.data, "data", defaultDataDir(), "data directory: its daemon's socket, or the in-process sandbox's home")
 	fl.StringVar(&f.base, "base", "host", "root filesystem: host, dir:/path or oci:/path/image.tar[#ref]")
 	fl.StringVar(&f.cwd, "cwd", "", "working directory (default /workspace)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
@@ -51,105 +54,73 @@ func runCmd() *cobra.Command {
 	return c
 }
 
-func defaultDataDir() string {
-	if d := os.Getenv("HUTCH_DATA"); d != "" {
-		return d
+func (g *globals) run(ctx context.Context, f runFlags, args []string) error {
+	env, err := parseKV("env", f.env)
+	if err != nil {
+		return err
 	}
-	return ".hutch"
+	c, err := g.runClient(ctx, f.data)
+	if errors.Is(err, hutch.ErrUnavailable) && g.host == "" {
+		return runNative(ctx, f, env, args)
+	}
+	if err != nil {
+		return err
+	}
+	o := hutch.CreateOptions{ID: newID(), Base: f.base, Cwd: f.cwd, Env: env,
+		Limits: hutch.Limits{MemoryMiB: f.memory, CPUMillis: f.cpu, Pids: f.pids}}
+	sb, err := createInterruptibly(ctx, c, o)
+	defer func() { _ = c.Delete(background(ctx), o.ID) }()
+	if err != nil {
+		return err
+	}
+	return g.execIn(ctx, sb, execSpec{cmd: strings.Join(args, " "), stdin: f.stdin || f.tty, tty: f.tty})
 }
 
-func parseEnv(kvs []string) (map[string]string, error) {
-	env := map[string]string{}
-	for _, kv := range kvs {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("--env %q: want KEY=VALUE: %w", kv, errdefs.ErrInvalidArgument)
+// createInterruptibly creates the sandbox; a SIGINT, SIGTERM or SIGHUP
+// meanwhile cancels that and exits shell style. Signals stay caught until
+// run returns, so none kills it before it has destroyed the sandbox.
+func createInterruptibly(ctx context.Context, c *hutch.Client, o hutch.CreateOptions) (*hutch.Sandbox, error) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var got atomic.Value
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case s := <-sigs:
+			got.Store(s)
+			cancel()
+		case <-done:
 		}
-		env[k] = v
+	}()
+	sb, err := c.Create(cctx, o)
+	if s, ok := got.Load().(syscall.Signal); ok {
+		return nil, exitError{128 + int(s)}
 	}
-	return env, nil
+	return sb, err
+}
+
+// runClient is a client of --host or of the daemon on data's socket; an
+// error matching ErrUnavailable says that no daemon answered.
+func (g *globals) runClient(ctx context.Context, data string) (*hutch.Client, error) {
+	host := g.host
+	if host == "" {
+		host = "unix://" + filepath.Join(data, "hutch.sock")
+	}
+	c, err := hutch.New(host, g.apiKey, hutch.WithUserAgent("hutch-cli/"+Version))
+	if err != nil {
+		return nil, err
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = c.Health(hctx)
+	return c, err
 }
 
 func newID() string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	return "run-" + hex.EncodeToString(b)
-}
-
-func runInSandbox(ctx context.Context, f runFlags, args []string) error {
-	env, err := parseEnv(f.env)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(f.data, 0o711); err != nil {
-		return err
-	}
-	b, err := native.New(native.Options{DataDir: f.data})
-	if err != nil {
-		return err
-	}
-	id := newID()
-	spec := backend.Spec{ID: id, Base: f.base, Env: env, Cwd: f.cwd,
-		Limits: backend.Limits{MemoryBytes: f.memory << 20, Pids: f.pids, CPUMillis: f.cpu}}
-	if _, err := b.Create(ctx, spec); err != nil {
-		return err
-	}
-	defer b.Destroy(context.WithoutCancel(ctx), id)
-	req := backend.ExecRequest{Cmd: strings.Join(args, " "), Stdin: f.stdin || f.tty, TTY: f.tty}
-	if f.tty {
-		if ws, err := unix.IoctlGetWinsize(int(os.Stdin.Fd()), unix.TIOCGWINSZ); err == nil {
-			req.Rows, req.Cols = ws.Row, ws.Col
-		}
-	}
-	p, err := b.Exec(ctx, id, req)
-	if err != nil {
-		return err
-	}
-	defer p.Close()
-	stopSignals := forwardSignals(ctx, p)
-	defer stopSignals()
-	if req.Stdin {
-		go pumpStdin(p)
-	}
-	st, err := backend.Wait(p, os.Stdout, os.Stderr)
-	if err != nil {
-		return err
-	}
-	return exitFor(st)
-}
-
-func pumpStdin(p backend.Process) {
-	_, _ = io.Copy(p, os.Stdin)
-	_ = p.CloseStdin()
-}
-
-// forwardSignals passes SIGINT and SIGTERM on to the command.
-func forwardSignals(ctx context.Context, p backend.Process) func() {
-	ch := make(chan os.Signal, 4)
-	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case s := <-ch:
-				_ = p.Signal(ctx, s.(syscall.Signal))
-			case <-done:
-				return
-			}
-		}
-	}()
-	return func() { signal.Stop(ch); close(done) }
-}
-
-// exitFor turns a command's status into hutch's exit code, shell style.
-func exitFor(st backend.ExitStatus) error {
-	switch {
-	case st.TimedOut:
-		return exitError{124}
-	case st.Signal != "":
-		return exitError{128 + int(unix.SignalNum(st.Signal))}
-	case st.Code != 0:
-		return exitError{st.Code}
-	}
-	return nil
 }
