@@ -178,20 +178,32 @@ func (m *Manager) Create(ctx context.Context, tenant string, spec Spec) (Sandbox
 	m.notify("", Creating)
 	h, err := m.be.Create(ctx, backendSpec(spec))
 	if err != nil {
-		if derr := m.st.DeleteSandbox(context.WithoutCancel(ctx), spec.ID); derr != nil {
-			m.log.Error("drop record of failed create", "id", spec.ID, "err", derr)
-		}
-		m.notify(Creating, "")
+		m.dropCreate(ctx, spec.ID, Creating)
 		return Sandbox{}, err
 	}
 	rec.Handle, _ = json.Marshal(h)
-	rec, err = m.move(ctx, rec, Running, "")
+	moved, err := m.move(ctx, rec, Running, "")
 	if err != nil {
 		_ = m.be.Destroy(context.WithoutCancel(ctx), spec.ID)
-		_ = m.st.DeleteSandbox(context.WithoutCancel(ctx), spec.ID)
+		m.dropCreate(ctx, spec.ID, Creating)
 		return Sandbox{}, err
 	}
-	return fromRecord(rec)
+	if ctx.Err() != nil {
+		// The caller went away while the sandbox was made: nobody knows
+		// its id (it may be a generated one), so keep nothing.
+		_ = m.be.Destroy(context.WithoutCancel(ctx), spec.ID)
+		m.dropCreate(ctx, spec.ID, Running)
+		return Sandbox{}, fmt.Errorf("create %s: the request ended first (%v): %w", spec.ID, ctx.Err(), errdefs.ErrDeadlineExceeded)
+	}
+	return fromRecord(moved)
+}
+
+// dropCreate forgets the record of a create that did not complete.
+func (m *Manager) dropCreate(ctx context.Context, id string, state State) {
+	if err := m.st.DeleteSandbox(context.WithoutCancel(ctx), id); err != nil {
+		m.log.Error("drop record of failed create", "id", id, "err", err)
+	}
+	m.notify(state, "")
 }
 
 func (m *Manager) insert(ctx context.Context, tenant string, spec Spec) (store.Sandbox, error) {

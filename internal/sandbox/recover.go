@@ -72,6 +72,20 @@ func (m *Manager) reaper(ctx context.Context) {
 	}
 }
 
+// checkDied records a running sandbox whose init has died as failed.
+// Without it a sandbox that died on its own (or between a restart's
+// recovery and the backend noticing) would read "running" until some
+// command failed in it.
+func (m *Manager) checkDied(ctx context.Context, rec store.Sandbox) {
+	if State(rec.State) != Running {
+		return
+	}
+	if info, err := m.be.Inspect(ctx, rec.ID); err == nil && info.Status == backend.StatusDead {
+		m.Died(ctx, rec.ID, info.Reason)
+		m.log.Warn("sandbox failed: its init died", "id", rec.ID, "reason", info.Reason)
+	}
+}
+
 func (m *Manager) reapOnce(ctx context.Context) {
 	token := ""
 	now := time.Now()
@@ -82,6 +96,7 @@ func (m *Manager) reapOnce(ctx context.Context) {
 			return
 		}
 		for _, rec := range recs {
+			m.checkDied(ctx, rec)
 			sb, err := fromRecord(rec)
 			if err != nil || sb.Deadline.IsZero() || now.Before(sb.Deadline) {
 				continue

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"io"
@@ -72,11 +73,15 @@ func notFound(format string, args ...any) error {
 	return errdefs.New(errdefs.ErrNotFound, format, args...)
 }
 
-// decode reads a JSON body into v: at most max bytes, no unknown fields,
-// nothing after the value.
+// decode reads a JSON object into v: at most max bytes, no unknown
+// fields, nothing after the value. Every request body of the API is an
+// object; null, which encoding/json would take as "all defaults", is not.
 func decode(w http.ResponseWriter, r *http.Request, max int64, v any) error {
-	r.Body = http.MaxBytesReader(w, r.Body, max)
-	dec := json.NewDecoder(r.Body)
+	body := bufio.NewReader(http.MaxBytesReader(w, r.Body, max))
+	if err := wantObject(body); err != nil {
+		return bodyError(err, max)
+	}
+	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return bodyError(err, max)
@@ -87,11 +92,33 @@ func decode(w http.ResponseWriter, r *http.Request, max int64, v any) error {
 	return nil
 }
 
+var errNotObject = invalid("request body must be a JSON object")
+
+// wantObject checks, without consuming it, that the first byte after any
+// white space opens an object.
+func wantObject(br *bufio.Reader) error {
+	for {
+		b, err := br.ReadByte()
+		if err != nil {
+			return err
+		}
+		switch b {
+		case ' ', '\t', '\r', '\n':
+			continue
+		case '{':
+			return br.UnreadByte()
+		}
+		return errNotObject
+	}
+}
+
 func bodyError(err error, max int64) error {
 	var tooBig *http.MaxBytesError
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
+	case errors.Is(err, errNotObject):
+		return err
 	case errors.As(err, &tooBig):
 		return errdefs.New(errdefs.ErrTooLarge, "request body is over %d bytes", max)
 	case errors.Is(err, io.EOF):

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -19,11 +20,8 @@ import (
 // execRequest validates an API exec request and turns it into the
 // backend's, with its buffered stdin.
 func (s *Server) execRequest(req api.ExecRequest) (backend.ExecRequest, []byte, error) {
-	if req.Cmd == "" {
-		return backend.ExecRequest{}, nil, invalid("cmd is empty")
-	}
-	if len(req.Cmd) > s.lim.MaxCmdBytes {
-		return backend.ExecRequest{}, nil, errdefs.New(errdefs.ErrTooLarge, "cmd is %d bytes, over the limit of %d", len(req.Cmd), s.lim.MaxCmdBytes)
+	if err := s.checkCmd(req.Cmd, req.Env); err != nil {
+		return backend.ExecRequest{}, nil, err
 	}
 	timeout, err := s.timeout(req.Timeout)
 	if err != nil {
@@ -38,13 +36,24 @@ func (s *Server) execRequest(req api.ExecRequest) (backend.ExecRequest, []byte, 
 }
 
 func (s *Server) timeout(sec float64) (time.Duration, error) {
+	d, err := seconds(sec)
 	switch {
-	case sec < 0:
-		return 0, invalid("timeout %v: want seconds ≥ 0", sec)
-	case sec == 0:
+	case err != nil:
+		return 0, err
+	case d == 0:
 		return s.lim.DefaultTimeout, nil
-	case time.Duration(sec*float64(time.Second)) > s.lim.MaxTimeout:
+	case d > s.lim.MaxTimeout:
 		return 0, invalid("timeout %vs is over the maximum of %v", sec, s.lim.MaxTimeout)
+	}
+	return d, nil
+}
+
+// seconds turns a client's seconds into a Duration, refusing what has
+// none: negative, NaN, infinite, or past what a Duration holds (the
+// conversion would wrap to a negative, i.e. no timeout at all).
+func seconds(sec float64) (time.Duration, error) {
+	if !(sec >= 0) || sec > float64(math.MaxInt64/int64(time.Second)) {
+		return 0, invalid("timeout %v: want seconds ≥ 0 (and fewer than 292 years)", sec)
 	}
 	return time.Duration(sec * float64(time.Second)), nil
 }
@@ -88,8 +97,8 @@ func (s *Server) Exec(w http.ResponseWriter, r *http.Request, id api.SandboxID) 
 		err = invalid("encoding %q: want utf8 or base64", encoding)
 	}
 	keep := req.MaxOutput
-	if err == nil && keep > s.lim.MaxOutput {
-		err = invalid("max_output %d is over the limit of %d", keep, s.lim.MaxOutput)
+	if err == nil && (keep < 0 || keep > s.lim.MaxOutput) {
+		err = invalid("max_output %d: want 0 (the default) to %d", keep, s.lim.MaxOutput)
 	}
 	if keep == 0 {
 		keep = s.lim.DefaultOutput

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/hutch-dev/hutch/api"
 	"github.com/hutch-dev/hutch/internal/backend"
@@ -69,6 +70,15 @@ func parseMode(s string, def fs.FileMode) (fs.FileMode, error) {
 	return m, nil
 }
 
+// checkUploadPath refuses, before a byte of the body is read or sent on,
+// a path the agent would refuse anyway.
+func checkUploadPath(p string) error {
+	if p == "" || strings.IndexByte(p, 0) >= 0 {
+		return invalid("path %q: want a non-empty path without NUL bytes", p)
+	}
+	return nil
+}
+
 // ReadFile implements api.ServerInterface.
 func (s *Server) ReadFile(w http.ResponseWriter, r *http.Request, id api.SandboxID, params api.ReadFileParams) {
 	sid, fa, err := s.fileAccess(r, id)
@@ -88,6 +98,9 @@ func (s *Server) ReadFile(w http.ResponseWriter, r *http.Request, id api.Sandbox
 // WriteFile implements api.ServerInterface.
 func (s *Server) WriteFile(w http.ResponseWriter, r *http.Request, id api.SandboxID, params api.WriteFileParams) {
 	mode, err := parseMode(params.Mode, 0o644)
+	if err == nil {
+		err = checkUploadPath(params.Path)
+	}
 	var sid string
 	var fa backend.FileAccessor
 	if err == nil {
@@ -140,9 +153,11 @@ func (s *Server) StatFile(w http.ResponseWriter, r *http.Request, id api.Sandbox
 // FileExists implements api.ServerInterface.
 func (s *Server) FileExists(w http.ResponseWriter, r *http.Request, id api.SandboxID, params api.FileExistsParams) {
 	sid, fa, err := s.fileAccess(r, id)
-	if err == nil {
-		_, err = fa.Stat(r.Context(), sid, params.Path)
+	if err != nil { // a missing sandbox is 404, not "no such file"
+		s.fail(w, r, err)
+		return
 	}
+	_, err = fa.Stat(r.Context(), sid, params.Path)
 	if err != nil && errdefs.Code(err) != "not_found" {
 		s.fail(w, r, err)
 		return
@@ -152,7 +167,7 @@ func (s *Server) FileExists(w http.ResponseWriter, r *http.Request, id api.Sandb
 
 // ListFiles implements api.ServerInterface.
 func (s *Server) ListFiles(w http.ResponseWriter, r *http.Request, id api.SandboxID, params api.ListFilesParams) {
-	if params.Depth < 0 || params.Depth > 64 {
+	if params.Depth < 0 || params.Depth > 64 || (params.Depth == 0 && r.URL.Query().Has("depth")) {
 		s.fail(w, r, invalid("depth %d: want 1-64", params.Depth))
 		return
 	}
@@ -252,7 +267,12 @@ func (s *Server) DownloadArchive(w http.ResponseWriter, r *http.Request, id api.
 
 // UploadArchive implements api.ServerInterface.
 func (s *Server) UploadArchive(w http.ResponseWriter, r *http.Request, id api.SandboxID, params api.UploadArchiveParams) {
-	sid, ar, err := s.archiver(r, id)
+	err := checkUploadPath(params.Path)
+	var sid string
+	var ar backend.Archiver
+	if err == nil {
+		sid, ar, err = s.archiver(r, id)
+	}
 	if err == nil {
 		err = ar.WriteArchive(r.Context(), sid, params.Path, r.Body)
 	}

@@ -71,6 +71,10 @@ func (s *Server) StartProcess(w http.ResponseWriter, r *http.Request, id api.San
 		s.fail(w, r, err)
 		return
 	}
+	if req.Rows < 0 || req.Cols < 0 || req.Rows > 1000 || req.Cols > 1000 {
+		s.fail(w, r, invalid("terminal size %dx%d: want 1-1000 each (0: the default)", req.Rows, req.Cols))
+		return
+	}
 	ereq := backend.ExecRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, Tag: req.Tag, Stdin: req.Stdin,
 		TTY: req.Tty, Rows: uint16(req.Rows), Cols: uint16(req.Cols), Background: true}
 	s.startDetached(w, r, id, ereq, req.Timeout)
@@ -78,15 +82,15 @@ func (s *Server) StartProcess(w http.ResponseWriter, r *http.Request, id api.San
 
 // startDetached starts a background process and answers with it.
 func (s *Server) startDetached(w http.ResponseWriter, r *http.Request, id string, ereq backend.ExecRequest, timeout float64) {
-	if err := s.checkCmd(ereq.Cmd); err != nil {
+	if err := s.checkCmd(ereq.Cmd, ereq.Env); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if timeout < 0 {
-		s.fail(w, r, invalid("timeout %v: want seconds ≥ 0", timeout))
+	var err error
+	if ereq.Timeout, err = seconds(timeout); err != nil {
+		s.fail(w, r, err)
 		return
 	}
-	ereq.Timeout = time.Duration(timeout * float64(time.Second))
 	sid, err := s.live(r, id)
 	if err != nil {
 		s.fail(w, r, err)
@@ -112,12 +116,28 @@ func (s *Server) startDetached(w http.ResponseWriter, r *http.Request, id string
 	writeJSON(w, http.StatusCreated, toAPIProcess(pi))
 }
 
-func (s *Server) checkCmd(cmd string) error {
+// checkCmd refuses what no process can be started with: an empty or
+// oversized command, and NUL bytes, which execve cannot pass.
+func (s *Server) checkCmd(cmd string, env map[string]string) error {
 	if cmd == "" {
 		return invalid("cmd is empty")
 	}
 	if len(cmd) > s.lim.MaxCmdBytes {
 		return errdefs.New(errdefs.ErrTooLarge, "cmd is %d bytes, over the limit of %d", len(cmd), s.lim.MaxCmdBytes)
+	}
+	if strings.IndexByte(cmd, 0) >= 0 {
+		return invalid("cmd contains a NUL byte")
+	}
+	return checkEnv(env)
+}
+
+// checkEnv refuses variables execve cannot pass or that would set another
+// variable than the one named (a key with '=').
+func checkEnv(env map[string]string) error {
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return invalid("env %q: a name must be non-empty without '=' or NUL, a value without NUL", k)
+		}
 	}
 	return nil
 }
@@ -408,7 +428,7 @@ func (s *Server) terminalSession(ctx context.Context, c *websocket.Conn, p backe
 	_ = ww.event(api.ExecEvent{Type: api.ExecEventTypeStart, ProcessId: pi.ID, Pid: pi.Pid})
 	var replay bytes.Buffer
 	caughtUp := pi.NextSeq == 0
-	go s.wsInput(ctx, c, p)
+	go s.wsInput(ctx, c, p, nil)
 	for {
 		ev, err := p.Recv()
 		if err != nil {

@@ -1,7 +1,10 @@
 package server
 
 import (
+	"math"
 	"net/http"
+	"path"
+	"regexp"
 	"strings"
 	"time"
 
@@ -23,8 +26,16 @@ func (s *Server) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if req.Timeout < 0 {
+	if req.Timeout < 0 || int64(req.Timeout) > math.MaxInt64/int64(time.Second) {
 		s.fail(w, r, invalid("timeout %d: want seconds ≥ 0", req.Timeout))
+		return
+	}
+	if m := req.Limits.MemoryMb; m < 0 || m > math.MaxInt64>>20 {
+		s.fail(w, r, invalid("memory_mb %d is out of range", m))
+		return
+	}
+	if err := checkSpec(r, req); err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	spec := sandbox.Spec{ID: req.Id, Base: req.Base, Template: req.Template, Env: req.Env, Cwd: req.Cwd,
@@ -37,6 +48,28 @@ func (s *Server) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, toAPISandbox(sb))
+}
+
+// hostnamePattern is RFC 1123: dot-separated labels of letters, digits
+// and inner hyphens. The whole name must also fit sethostname's 64 bytes.
+var hostnamePattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
+
+// checkSpec refuses what init could not apply (a hostname sethostname or
+// /etc/hosts cannot take, a relative or NUL-bearing cwd, env execve cannot
+// pass) and, for a remote tenant, a base that names a host path.
+func checkSpec(r *http.Request, req api.CreateSandboxRequest) error {
+	if h := req.Hostname; h != "" && (len(h) > 64 || !hostnamePattern.MatchString(h)) {
+		return invalid("hostname %q: want an RFC 1123 name of at most 64 bytes", h)
+	}
+	if c := req.Cwd; c != "" && (!path.IsAbs(c) || strings.IndexByte(c, 0) >= 0) {
+		return invalid("cwd %q: want an absolute path without NUL bytes", c)
+	}
+	if b := req.Base; b != "" && b != "host" && !tenantOf(r.Context()).Trusted {
+		// dir: and oci: name files of the host: a remote tenant could
+		// read any host directory (or another sandbox's) as its root.
+		return errdefs.New(errdefs.ErrPermissionDenied, "base %q: dir: and oci: bases name host paths and are for the local socket only", b)
+	}
+	return checkEnv(req.Env)
 }
 
 // GetSandbox implements api.ServerInterface.
@@ -60,6 +93,10 @@ func (s *Server) scope(r *http.Request) string {
 
 // ListSandboxes implements api.ServerInterface.
 func (s *Server) ListSandboxes(w http.ResponseWriter, r *http.Request, params api.ListSandboxesParams) {
+	if params.Limit == 0 && r.URL.Query().Has("limit") {
+		s.fail(w, r, invalid("limit 0: want 1-1000"))
+		return
+	}
 	opts := sandbox.ListOptions{Limit: params.Limit, PageToken: params.PageToken}
 	if params.State != "" {
 		for _, st := range strings.Split(params.State, ",") {

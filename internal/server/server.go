@@ -91,6 +91,29 @@ func New(cfg Config) *Server {
 func (s *Server) SetManager(m *sandbox.Manager) {
 	s.mgr = m
 	s.cfg.Manager = m
+	s.seedStates(context.Background())
+}
+
+// seedStates sets the state gauge from the store: transitions only move
+// it, so without a start it would count from zero (negative, after
+// recovery marks a sandbox failed).
+func (s *Server) seedStates(ctx context.Context) {
+	counts := map[sandbox.State]int{}
+	for token := ""; ; {
+		sbs, next, err := s.mgr.List(ctx, "", sandbox.ListOptions{Limit: 1000, PageToken: token})
+		if err != nil {
+			s.log.Warn("seed sandbox metrics", "err", err)
+			return
+		}
+		for _, sb := range sbs {
+			counts[sb.State]++
+		}
+		if token = next; token == "" {
+			break
+		}
+	}
+	s.metrics.states.Reset()
+	s.SeedStates(counts)
 }
 
 // Handler is the whole HTTP surface.
@@ -162,11 +185,16 @@ func ListenUnix(path string) (net.Listener, error) {
 		}
 		_ = os.Remove(path)
 	}
-	old := umask(0o177)
+	// No umask dance: the umask is per process, and changing it would race
+	// with every file and child made meanwhile. A socket needs write
+	// permission to connect, which the default modes never give others.
 	ln, err := net.Listen("unix", path)
-	umask(old)
 	if err != nil {
 		return nil, err
 	}
-	return ln, os.Chmod(path, 0o600)
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
 }

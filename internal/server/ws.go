@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -41,7 +42,7 @@ func (s *Server) ExecWebSocket(w http.ResponseWriter, r *http.Request, id api.Sa
 	c.SetReadLimit(s.lim.MaxBodyBytes + 2*s.lim.MaxStdinBytes)
 	ctx := r.Context()
 	ww := wsWriter{ctx: ctx, c: c}
-	p, err := s.startFromWS(ctx, c, sid)
+	p, stdin, err := s.startFromWS(ctx, c, sid)
 	if err != nil {
 		_, body := s.apiErrorPlain(err)
 		_ = ww.event(api.ExecEvent{Type: api.ExecEventTypeError, Error: &body})
@@ -51,7 +52,7 @@ func (s *Server) ExecWebSocket(w http.ResponseWriter, r *http.Request, id api.Sa
 	defer p.Close()
 	s.metrics.execs.WithLabelValues("websocket").Inc()
 	_ = ww.event(api.ExecEvent{Type: api.ExecEventTypeStart, ProcessId: p.ID(), Pid: p.Pid()})
-	go s.wsInput(ctx, c, p)
+	go s.wsInput(ctx, c, p, stdin)
 	for {
 		ev, err := p.Recv()
 		if err != nil {
@@ -64,27 +65,37 @@ func (s *Server) ExecWebSocket(w http.ResponseWriter, r *http.Request, id api.Sa
 	_ = c.Close(websocket.StatusNormalClosure, "")
 }
 
-func (s *Server) startFromWS(ctx context.Context, c *websocket.Conn, sid string) (backend.Process, error) {
+// startFromWS starts the command of the first message; its buffered
+// stdin, if any, is returned to be written ahead of later input.
+func (s *Server) startFromWS(ctx context.Context, c *websocket.Conn, sid string) (backend.Process, []byte, error) {
 	_, msg, err := c.Read(ctx)
 	if err != nil {
-		return nil, invalid("websocket: the first message must be an ExecRequest: %v", err)
+		return nil, nil, invalid("websocket: the first message must be an ExecRequest: %v", err)
 	}
 	var req api.ExecRequest
-	if err := json.Unmarshal(msg, &req); err != nil {
-		return nil, invalid("websocket: the first message is not an ExecRequest: %v", err)
+	dec := json.NewDecoder(bytes.NewReader(msg))
+	dec.DisallowUnknownFields() // as for the same request over HTTP
+	if err := dec.Decode(&req); err != nil {
+		return nil, nil, invalid("websocket: the first message is not an ExecRequest: %v", err)
 	}
-	ereq, _, err := s.execRequest(req)
+	ereq, stdin, err := s.execRequest(req)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ereq.Stdin = true
-	return s.mgr.Backend().Exec(ctx, sid, ereq)
+	p, err := s.mgr.Backend().Exec(ctx, sid, ereq)
+	return p, stdin, err
 }
 
-// wsInput applies StreamInput messages (and, for terminals, raw binary
-// keystrokes) to p until the client goes away.
-func (s *Server) wsInput(ctx context.Context, c *websocket.Conn, p backend.Process) {
+// wsInput writes first to p, then applies StreamInput messages (and, for
+// terminals, raw binary keystrokes) until the client goes away. It runs
+// beside the output pump, so a command that does not read cannot block
+// the output.
+func (s *Server) wsInput(ctx context.Context, c *websocket.Conn, p backend.Process, first []byte) {
 	defer p.Close()
+	if len(first) > 0 {
+		_, _ = p.Write(first)
+	}
 	for {
 		typ, msg, err := c.Read(ctx)
 		if err != nil {
