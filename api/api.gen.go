@@ -498,7 +498,7 @@ type ListSandboxesParams struct {
 
 	// Label Only sandboxes carrying this label, as key=value; repeat for several (all must match).
 	Label     []string `form:"label,omitempty" json:"label,omitempty"`
-	Limit     int      `form:"limit,omitempty" json:"limit,omitempty"`
+	Limit     *int     `form:"limit,omitempty" json:"limit,omitempty"`
 	PageToken string   `form:"page_token,omitempty" json:"page_token,omitempty"`
 }
 
@@ -546,7 +546,7 @@ type FileExistsParams struct {
 
 // ListFilesParams defines parameters for ListFiles.
 type ListFilesParams struct {
-	Depth int    `form:"depth,omitempty" json:"depth,omitempty"`
+	Depth *int   `form:"depth,omitempty" json:"depth,omitempty"`
 	Glob  string `form:"glob,omitempty" json:"glob,omitempty"`
 
 	// Path A path in the sandbox; relative paths are under /workspace.
@@ -572,12 +572,12 @@ type WriteProcessStdinParams struct {
 
 // WaitProcessParams defines parameters for WaitProcess.
 type WaitProcessParams struct {
-	Timeout float64 `form:"timeout,omitempty" json:"timeout,omitempty"`
+	Timeout *float64 `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // TerminalWebSocketParams defines parameters for TerminalWebSocket.
 type TerminalWebSocketParams struct {
-	Scrollback int `form:"scrollback,omitempty" json:"scrollback,omitempty"`
+	Scrollback *int `form:"scrollback,omitempty" json:"scrollback,omitempty"`
 }
 
 // CreateKeyJSONRequestBody defines body for CreateKey for application/json ContentType.
@@ -1705,12 +1705,16 @@ func NewListSandboxesRequest(server string, params *ListSandboxesParams) (*http.
 
 		}
 
-		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-			return nil, err
-		} else {
-			for _, qp := range strings.Split(queryFrag, "&") {
-				rawQueryFragments = append(rawQueryFragments, qp)
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
 			}
+
 		}
 
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_token", params.PageToken, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
@@ -2376,12 +2380,16 @@ func NewListFilesRequest(server string, id SandboxID, params *ListFilesParams) (
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "depth", params.Depth, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-			return nil, err
-		} else {
-			for _, qp := range strings.Split(queryFrag, "&") {
-				rawQueryFragments = append(rawQueryFragments, qp)
+		if params.Depth != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "depth", *params.Depth, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
 			}
+
 		}
 
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "glob", params.Glob, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
@@ -2921,12 +2929,16 @@ func NewWaitProcessRequest(server string, id SandboxID, process ProcessID, param
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "number", Format: "double"}); err != nil {
-			return nil, err
-		} else {
-			for _, qp := range strings.Split(queryFrag, "&") {
-				rawQueryFragments = append(rawQueryFragments, qp)
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "number", Format: "double"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
 			}
+
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {
@@ -3086,12 +3098,16 @@ func NewTerminalWebSocketRequest(server string, id SandboxID, process ProcessID,
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "scrollback", params.Scrollback, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-			return nil, err
-		} else {
-			for _, qp := range strings.Split(queryFrag, "&") {
-				rawQueryFragments = append(rawQueryFragments, qp)
+		if params.Scrollback != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "scrollback", *params.Scrollback, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
 			}
+
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,7 +68,6 @@ func New(host, apiKey string, opts ...Option) (*Client, error) {
 	c.api, err = api.NewClientWithResponses(c.base, api.WithHTTPClient(c.http),
 		api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
 			c.authorize(r.Header)
-			dropUnsetParams(r.URL)
 			return nil
 		}))
 	if err != nil {
@@ -88,23 +86,6 @@ func (c *Client) authorize(h http.Header) {
 	if c.ua != "" {
 		h.Set("User-Agent", c.ua)
 	}
-}
-
-// dropUnsetParams removes the optional query parameters the generated
-// client sends even when unset (it has no pointers for them): empty strings,
-// and the 0 of parameters whose minimum is 1. Absent, the daemon applies its
-// documented defaults.
-func dropUnsetParams(u *url.URL) {
-	if u.RawQuery == "" {
-		return
-	}
-	q := u.Query()
-	for k, vs := range q {
-		if len(vs) == 1 && (vs[0] == "" || vs[0] == "0" && (k == "limit" || k == "depth")) {
-			q.Del(k)
-		}
-	}
-	u.RawQuery = q.Encode()
 }
 
 // parseHost returns the transport and API base URL for a host.

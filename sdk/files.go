@@ -94,7 +94,11 @@ func (s *Sandbox) Exists(ctx context.Context, path string) (bool, error) {
 // ListFiles lists a directory to depth levels (0 means 1), keeping entries
 // whose name matches glob when it is not empty.
 func (s *Sandbox) ListFiles(ctx context.Context, path string, depth int, glob string) ([]FileInfo, error) {
-	r, err := s.c.api.ListFilesWithResponse(ctx, s.ID, &api.ListFilesParams{Path: path, Depth: depth, Glob: glob})
+	p := api.ListFilesParams{Path: path, Glob: glob}
+	if depth > 0 {
+		p.Depth = &depth
+	}
+	r, err := s.c.api.ListFilesWithResponse(ctx, s.ID, &p)
 	if err := s.c.check(r, err); err != nil {
 		return nil, err
 	}

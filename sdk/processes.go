@@ -100,7 +100,11 @@ func (s *Sandbox) Signal(ctx context.Context, id, sig string) error {
 // daemon's default, 300s) it returns an error matching ErrDeadlineExceeded
 // and the process runs on.
 func (s *Sandbox) Wait(ctx context.Context, id string, timeout time.Duration) (*Process, error) {
-	p := api.WaitProcessParams{Timeout: timeout.Seconds()}
+	var p api.WaitProcessParams
+	if timeout > 0 {
+		sec := timeout.Seconds()
+		p.Timeout = &sec
+	}
 	r, err := s.c.api.WaitProcessWithResponse(ctx, s.ID, id, &p)
 	if err := s.c.check(r, err); err != nil {
 		return nil, err

@@ -127,7 +127,10 @@ type ListOptions struct {
 // List returns one page of sandboxes, oldest first, and the token of the
 // next page ("" after the last).
 func (c *Client) List(ctx context.Context, o ListOptions) ([]Sandbox, string, error) {
-	p := api.ListSandboxesParams{Limit: o.Limit, PageToken: o.PageToken}
+	p := api.ListSandboxesParams{PageToken: o.PageToken}
+	if o.Limit != 0 {
+		p.Limit = &o.Limit
+	}
 	for i, st := range o.States {
 		if i > 0 {
 			p.State += ","

@@ -167,14 +167,18 @@ func (s *Server) FileExists(w http.ResponseWriter, r *http.Request, id api.Sandb
 
 // ListFiles implements api.ServerInterface.
 func (s *Server) ListFiles(w http.ResponseWriter, r *http.Request, id api.SandboxID, params api.ListFilesParams) {
-	if params.Depth < 0 || params.Depth > 64 || (params.Depth == 0 && r.URL.Query().Has("depth")) {
-		s.fail(w, r, invalid("depth %d: want 1-64", params.Depth))
+	depth := 1
+	if params.Depth != nil {
+		depth = *params.Depth
+	}
+	if depth < 1 || depth > 64 {
+		s.fail(w, r, invalid("depth %d: want 1-64", depth))
 		return
 	}
 	sid, fa, err := s.fileAccess(r, id)
 	var fis []backend.FileInfo
 	if err == nil {
-		fis, err = fa.List(r.Context(), sid, params.Path, backend.ListOptions{Depth: params.Depth, Glob: params.Glob})
+		fis, err = fa.List(r.Context(), sid, params.Path, backend.ListOptions{Depth: depth, Glob: params.Glob})
 	}
 	if err != nil {
 		s.fail(w, r, err)

@@ -294,7 +294,11 @@ func (s *Server) WaitProcess(w http.ResponseWriter, r *http.Request, id api.Sand
 	writeJSON(w, http.StatusOK, toAPIProcess(pi))
 }
 
-func (s *Server) waitTimeout(sec float64) (time.Duration, error) {
+func (s *Server) waitTimeout(secp *float64) (time.Duration, error) {
+	if secp == nil {
+		return s.lim.DefaultTimeout, nil
+	}
+	sec := *secp
 	if sec == 0 {
 		return s.lim.DefaultTimeout, nil
 	}
@@ -389,13 +393,13 @@ func (s *Server) ResizeTerminal(w http.ResponseWriter, r *http.Request, id api.S
 // binary frames, resizes as StreamInput text frames. Closing the socket
 // detaches; the terminal runs on.
 func (s *Server) TerminalWebSocket(w http.ResponseWriter, r *http.Request, id api.SandboxID, process api.ProcessID, params api.TerminalWebSocketParams) {
-	scrollback := params.Scrollback
+	scrollback := 64 << 10
+	if params.Scrollback != nil {
+		scrollback = *params.Scrollback
+	}
 	if scrollback < 0 {
 		s.fail(w, r, invalid("scrollback %d: want ≥ 0", scrollback))
 		return
-	}
-	if scrollback == 0 && r.URL.Query().Get("scrollback") == "" {
-		scrollback = 64 << 10
 	}
 	pid, pc, err := s.resolveProcess(r, id, process)
 	var pi backend.ProcessInfo

@@ -93,11 +93,14 @@ func (s *Server) scope(r *http.Request) string {
 
 // ListSandboxes implements api.ServerInterface.
 func (s *Server) ListSandboxes(w http.ResponseWriter, r *http.Request, params api.ListSandboxesParams) {
-	if params.Limit == 0 && r.URL.Query().Has("limit") {
-		s.fail(w, r, invalid("limit 0: want 1-1000"))
-		return
+	opts := sandbox.ListOptions{PageToken: params.PageToken}
+	if params.Limit != nil {
+		if *params.Limit < 1 || *params.Limit > 1000 {
+			s.fail(w, r, invalid("limit %d: want 1-1000", *params.Limit))
+			return
+		}
+		opts.Limit = *params.Limit
 	}
-	opts := sandbox.ListOptions{Limit: params.Limit, PageToken: params.PageToken}
 	if params.State != "" {
 		for _, st := range strings.Split(params.State, ",") {
 			opts.States = append(opts.States, sandbox.State(strings.TrimSpace(st)))
