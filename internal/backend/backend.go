@@ -102,6 +102,9 @@ type Info struct {
 	Reason  string    `json:"reason,omitempty"`
 	// Cgroup names the sandbox's cgroup, where the backend has one.
 	Cgroup string `json:"cgroup,omitempty"`
+	// Processes counts the sandbox's processes other than its init (-1:
+	// unknown). The manager's idle detection reads it.
+	Processes int `json:"processes"`
 }
 
 // ExecRequest is one command to run in a sandbox with `sh -c`.
@@ -242,11 +245,12 @@ type ArchiveStats struct {
 // layer (everything it changed in its root filesystem, not only
 // /workspace) while its processes and memory are let go.
 type Suspender interface {
-	// Suspend freezes the sandbox, writes its writable layer to w (tar +
-	// zstd) and, once that succeeded, stops it and releases the layer's
-	// disk. If writing fails (w refused more bytes, say), the sandbox is
-	// thawed and runs on as before.
-	Suspend(ctx context.Context, id string, w io.Writer) (ArchiveStats, error)
+	// Suspend freezes the sandbox and hands its writable layer (tar +
+	// zstd) to store as a stream. Only when store returns nil — the
+	// archive is safely kept — is the sandbox stopped and the layer's disk
+	// released. If store fails, the sandbox is thawed and runs on exactly
+	// as before, and store's error is returned.
+	Suspend(ctx context.Context, id string, store func(io.Reader) error) (ArchiveStats, error)
 	// Resume restores the writable layer from r, over the same base, and
 	// starts a new init.
 	Resume(ctx context.Context, id string, r io.Reader) (Handle, error)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -44,7 +45,7 @@ func testSuspend(t *testing.T, b backend.Backend) {
 	want := Sh(t, b, id, manifest)
 	for cycle := 1; cycle <= 20; cycle++ {
 		var buf bytes.Buffer
-		st, err := sus.Suspend(ctx, id, &buf)
+		st, err := sus.Suspend(ctx, id, func(r io.Reader) error { _, err := io.Copy(&buf, r); return err })
 		if err != nil {
 			t.Fatalf("cycle %d: suspend: %v", cycle, err)
 		}
@@ -87,7 +88,8 @@ func testSuspendOverCap(t *testing.T, b backend.Backend) {
 	id := NewID("cap")
 	Create(t, b, backend.Spec{ID: id})
 	Sh(t, b, id, "head -c 2000000 /dev/urandom > /workspace/big; sleep 300 >/dev/null 2>&1 &")
-	_, err := sus.Suspend(ctx, id, &failingWriter{n: 64 << 10})
+	store := func(r io.Reader) error { _, err := io.Copy(&failingWriter{n: 64 << 10}, r); return err }
+	_, err := sus.Suspend(ctx, id, store)
 	WantErr(t, "suspend over the cap", err, errdefs.ErrResourceExhausted)
 	if info, _ := b.Inspect(ctx, id); info.Status != backend.StatusRunning {
 		t.Fatalf("status after a failed suspend %q, want running", info.Status)

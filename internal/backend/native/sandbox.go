@@ -82,7 +82,7 @@ func (s *sandbox) touch() {
 
 func (s *sandbox) info() backend.Info {
 	s.mu.Lock()
-	st, reason, dead := s.state, s.reason, s.dead
+	st, reason, dead, group, paused := s.state, s.reason, s.dead, s.group, s.paused
 	s.mu.Unlock()
 	info := backend.Info{ID: st.ID, Created: st.Created, Status: backend.StatusStopped, Cgroup: st.Cgroup}
 	if dead == nil {
@@ -97,9 +97,14 @@ func (s *sandbox) info() backend.Info {
 		return info
 	default:
 	}
-	info.Status, info.Pid, info.Cgroup = backend.StatusRunning, st.Pid, st.Cgroup
-	if s.paused {
+	info.Status, info.Pid, info.Processes = backend.StatusRunning, st.Pid, -1
+	if paused {
 		info.Status = backend.StatusPaused
+	}
+	if group != nil {
+		if pids, err := group.Pids(); err == nil {
+			info.Processes = max(len(pids)-1, 0)
+		}
 	}
 	return info
 }

@@ -16,9 +16,9 @@ import (
 const maxRestoreBytes = 64 << 30
 
 // Suspend implements backend.Suspender. The processes are frozen while the
-// upper is read, so the archive is one consistent moment; only once it is
-// written are they killed.
-func (b *Backend) Suspend(ctx context.Context, id string, w io.Writer) (backend.ArchiveStats, error) {
+// upper is read, so the archive is one consistent moment; only once store
+// has kept it are they killed and the upper emptied.
+func (b *Backend) Suspend(ctx context.Context, id string, store func(io.Reader) error) (backend.ArchiveStats, error) {
 	unlock := b.lockID(id)
 	defer unlock()
 	s, err := b.running(id)
@@ -33,7 +33,7 @@ func (b *Backend) Suspend(ctx context.Context, id string, w io.Writer) (backend.
 			return backend.ArchiveStats{}, fmt.Errorf("suspend %s: freeze: %w", id, err)
 		}
 	}
-	st, err := layer.Pack(ctx, w, filepath.Join(s.dir, "upper"), s.state.UID, s.state.Size)
+	st, err := packTo(ctx, filepath.Join(s.dir, "upper"), s.state.UID, s.state.Size, store)
 	if err != nil {
 		if !paused {
 			_ = group.Thaw()
@@ -48,6 +48,32 @@ func (b *Backend) Suspend(ctx context.Context, id string, w io.Writer) (backend.
 	}
 	return backend.ArchiveStats{Files: st.Files + st.Dirs + st.Links, Bytes: st.Bytes,
 		Compressed: st.Compressed, SHA256: st.SHA256}, nil
+}
+
+// packTo streams a packed upper into store, returning the first error of
+// either side (store's, when it gave up first).
+func packTo(ctx context.Context, dir string, uid, size uint32, store func(io.Reader) error) (layer.Stats, error) {
+	pr, pw := io.Pipe()
+	errc := make(chan error, 1)
+	go func() {
+		err := store(pr)
+		pr.CloseWithError(errOr(err, io.ErrUnexpectedEOF))
+		errc <- err
+	}()
+	st, perr := layer.Pack(ctx, pw, dir, uid, size)
+	pw.CloseWithError(perr)
+	serr := <-errc
+	if serr != nil {
+		return st, serr
+	}
+	return st, perr
+}
+
+func errOr(err, def error) error {
+	if err != nil {
+		return err
+	}
+	return def
 }
 
 // Resume implements backend.Suspender.
