@@ -20,6 +20,24 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for CreateSandboxRequestOnTimeout.
+const (
+	CreateSandboxRequestOnTimeoutDestroy CreateSandboxRequestOnTimeout = "destroy"
+	CreateSandboxRequestOnTimeoutSuspend CreateSandboxRequestOnTimeout = "suspend"
+)
+
+// Valid indicates whether the value is a known member of the CreateSandboxRequestOnTimeout enum.
+func (e CreateSandboxRequestOnTimeout) Valid() bool {
+	switch e {
+	case CreateSandboxRequestOnTimeoutDestroy:
+		return true
+	case CreateSandboxRequestOnTimeoutSuspend:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ExecEventStream.
 const (
 	Stderr ExecEventStream = "stderr"
@@ -179,6 +197,35 @@ func (e StreamInputType) Valid() bool {
 	}
 }
 
+// Defines values for UpdateSandboxRequestOnTimeout.
+const (
+	UpdateSandboxRequestOnTimeoutDestroy UpdateSandboxRequestOnTimeout = "destroy"
+	UpdateSandboxRequestOnTimeoutSuspend UpdateSandboxRequestOnTimeout = "suspend"
+)
+
+// Valid indicates whether the value is a known member of the UpdateSandboxRequestOnTimeout enum.
+func (e UpdateSandboxRequestOnTimeout) Valid() bool {
+	switch e {
+	case UpdateSandboxRequestOnTimeoutDestroy:
+		return true
+	case UpdateSandboxRequestOnTimeoutSuspend:
+		return true
+	default:
+		return false
+	}
+}
+
+// ArchiveInfo defines model for ArchiveInfo.
+type ArchiveInfo struct {
+	// Bytes Uncompressed bytes.
+	Bytes     int64     `json:"bytes"`
+	CreatedAt time.Time `json:"created_at"`
+	Sha256    string    `json:"sha256"`
+
+	// Size Compressed bytes.
+	Size int64 `json:"size"`
+}
+
 // CreateKeyRequest defines model for CreateKeyRequest.
 type CreateKeyRequest struct {
 	// ExpiresIn Seconds until the key stops working.
@@ -191,6 +238,9 @@ type CreateKeyRequest struct {
 
 // CreateSandboxRequest defines model for CreateSandboxRequest.
 type CreateSandboxRequest struct {
+	// AutoResume Calls on a paused or suspended sandbox resume it first; false makes them fail with 409.
+	AutoResume *bool `json:"auto_resume,omitempty"`
+
 	// Base host (default), dir:/path or oci:/path[#ref].
 	Base     string            `json:"base,omitempty"`
 	Cwd      string            `json:"cwd,omitempty"`
@@ -198,17 +248,27 @@ type CreateSandboxRequest struct {
 	Hostname string            `json:"hostname,omitempty"`
 
 	// Id Chosen by the server when empty.
-	Id       string            `json:"id,omitempty"`
-	Labels   map[string]string `json:"labels,omitempty"`
-	Limits   Limits            `json:"limits,omitempty"`
-	Metadata map[string]string `json:"metadata,omitempty"`
+	Id string `json:"id,omitempty"`
+
+	// IdleTimeout Seconds idle (no process but init, no open stream, terminal or transfer, no API call) until suspended; 0 = the default (300), -1 = never.
+	IdleTimeout int                           `json:"idle_timeout,omitempty"`
+	Labels      map[string]string             `json:"labels,omitempty"`
+	Limits      Limits                        `json:"limits,omitempty"`
+	Metadata    map[string]string             `json:"metadata,omitempty"`
+	OnTimeout   CreateSandboxRequestOnTimeout `json:"on_timeout,omitempty"`
+
+	// RetireAfter Seconds suspended until retired (archive kept, nothing else); 0 = the default (18000), -1 = never.
+	RetireAfter int `json:"retire_after,omitempty"`
 
 	// Template A template name (templates come with the lifecycle work).
 	Template string `json:"template,omitempty"`
 
-	// Timeout Seconds until the sandbox is destroyed; 0 = none.
+	// Timeout Seconds of running time (paused and suspended time do not count) until on_timeout; 0 = none.
 	Timeout int `json:"timeout,omitempty"`
 }
+
+// CreateSandboxRequestOnTimeout defines model for CreateSandboxRequest.OnTimeout.
+type CreateSandboxRequestOnTimeout string
 
 // CreatedKey defines model for CreatedKey.
 type CreatedKey struct {
@@ -422,20 +482,28 @@ type ResizeRequest struct {
 
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
-	Base      string            `json:"base"`
-	CreatedAt time.Time         `json:"created_at"`
-	Cwd       string            `json:"cwd,omitempty"`
-	Env       map[string]string `json:"env,omitempty"`
-	Hostname  string            `json:"hostname,omitempty"`
-	Id        string            `json:"id"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	Limits    Limits            `json:"limits,omitempty"`
-	Metadata  map[string]string `json:"metadata,omitempty"`
-	Reason    string            `json:"reason,omitempty"`
-	State     SandboxState      `json:"state"`
-	Template  string            `json:"template,omitempty"`
-	Timeout   int               `json:"timeout,omitempty"`
-	UpdatedAt time.Time         `json:"updated_at"`
+	Archive     *ArchiveInfo      `json:"archive,omitempty"`
+	AutoResume  bool              `json:"auto_resume,omitempty"`
+	Base        string            `json:"base"`
+	CreatedAt   time.Time         `json:"created_at"`
+	Cwd         string            `json:"cwd,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Hostname    string            `json:"hostname,omitempty"`
+	Id          string            `json:"id"`
+	IdleTimeout int               `json:"idle_timeout,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Limits      Limits            `json:"limits,omitempty"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	OnTimeout   string            `json:"on_timeout,omitempty"`
+	Reason      string            `json:"reason,omitempty"`
+	RetireAfter int               `json:"retire_after,omitempty"`
+	State       SandboxState      `json:"state"`
+	Template    string            `json:"template,omitempty"`
+
+	// TimeUsed Seconds of running time used (what timeout counts).
+	TimeUsed  float64   `json:"time_used,omitempty"`
+	Timeout   int       `json:"timeout,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // SandboxState defines model for Sandbox.State.
@@ -481,6 +549,18 @@ type StreamInput struct {
 
 // StreamInputType defines model for StreamInput.Type.
 type StreamInputType string
+
+// UpdateSandboxRequest defines model for UpdateSandboxRequest.
+type UpdateSandboxRequest struct {
+	AutoResume  *bool                          `json:"auto_resume,omitempty"`
+	IdleTimeout *int                           `json:"idle_timeout,omitempty"`
+	OnTimeout   *UpdateSandboxRequestOnTimeout `json:"on_timeout,omitempty"`
+	RetireAfter *int                           `json:"retire_after,omitempty"`
+	Timeout     *int                           `json:"timeout,omitempty"`
+}
+
+// UpdateSandboxRequestOnTimeout defines model for UpdateSandboxRequest.OnTimeout.
+type UpdateSandboxRequestOnTimeout string
 
 // Path defines model for Path.
 type Path = string
@@ -585,6 +665,9 @@ type CreateKeyJSONRequestBody = CreateKeyRequest
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandboxRequest
+
+// UpdateSandboxJSONRequestBody defines body for UpdateSandbox for application/json ContentType.
+type UpdateSandboxJSONRequestBody = UpdateSandboxRequest
 
 // ExecJSONRequestBody defines body for Exec for application/json ContentType.
 type ExecJSONRequestBody = ExecRequest
@@ -736,6 +819,25 @@ type ClientInterface interface {
 	// GetSandbox performs a GET /sandboxes/{id} (the `GetSandbox` operationId) request.
 	GetSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// UpdateSandboxWithBody Change a sandbox's timers live (absent fields stay as they are).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /sandboxes/{id} (the `UpdateSandbox` operationId).
+	UpdateSandboxWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateSandbox Change a sandbox's timers live (absent fields stay as they are).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /sandboxes/{id} (the `UpdateSandbox` operationId).
+	UpdateSandbox(ctx context.Context, id SandboxID, body UpdateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DownloadSandboxArchive The archive of a suspended or retired sandbox's writable layer (tar + zstd, owners relative to the sandbox).
+	//
+	// Corresponds with GET /sandboxes/{id}/archive (the `DownloadSandboxArchive` operationId).
+	DownloadSandboxArchive(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ExecWithBody Run a command with `sh -c` and wait for it. A non-zero exit is a result, not an error.
 	//
 	// Takes any type of body and a specified content type.
@@ -829,6 +931,11 @@ type ClientInterface interface {
 	// StatFile performs a GET /sandboxes/{id}/files/stat (the `StatFile` operationId) request.
 	StatFile(ctx context.Context, id SandboxID, params *StatFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// PauseSandbox Freeze every process; memory stays. Pausing a paused sandbox succeeds.
+	//
+	// Corresponds with POST /sandboxes/{id}/pause (the `PauseSandbox` operationId).
+	PauseSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListProcesses performs a GET /sandboxes/{id}/processes (the `ListProcesses` operationId) request.
 	ListProcesses(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -873,6 +980,18 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /sandboxes/{id}/processes/{process}/wait (the `WaitProcess` operationId).
 	WaitProcess(ctx context.Context, id SandboxID, process ProcessID, params *WaitProcessParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ResumeSandbox Bring a paused, suspended or retired sandbox back to running (its configured timers kept).
+	//
+	// Corresponds with POST /sandboxes/{id}/resume (the `ResumeSandbox` operationId).
+	ResumeSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SuspendSandbox Keep the whole writable layer (every file changed anywhere in the root filesystem, not only
+	// /workspace) as an archive and let processes and memory go: they are NOT kept. Over the archive
+	// size cap the suspend fails with resource_exhausted and the sandbox runs on untouched.
+	//
+	// Corresponds with POST /sandboxes/{id}/suspend (the `SuspendSandbox` operationId).
+	SuspendSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// OpenTerminalWithBody Start a shell (or command) on a PTY; attach with the ws endpoint, detach and re-attach at will.
 	//
@@ -1044,6 +1163,55 @@ func (c *Client) DeleteSandbox(ctx context.Context, id SandboxID, reqEditors ...
 // GetSandbox performs a GET /sandboxes/{id} (the `GetSandbox` operationId) request.
 func (c *Client) GetSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSandboxRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateSandboxWithBody Change a sandbox's timers live (absent fields stay as they are).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /sandboxes/{id} (the `UpdateSandbox` operationId).
+func (c *Client) UpdateSandboxWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateSandboxRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateSandbox Change a sandbox's timers live (absent fields stay as they are).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /sandboxes/{id} (the `UpdateSandbox` operationId).
+func (c *Client) UpdateSandbox(ctx context.Context, id SandboxID, body UpdateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateSandboxRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DownloadSandboxArchive The archive of a suspended or retired sandbox's writable layer (tar + zstd, owners relative to the sandbox).
+//
+// Corresponds with GET /sandboxes/{id}/archive (the `DownloadSandboxArchive` operationId).
+func (c *Client) DownloadSandboxArchive(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDownloadSandboxArchiveRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -1317,6 +1485,21 @@ func (c *Client) StatFile(ctx context.Context, id SandboxID, params *StatFilePar
 	return c.Client.Do(req)
 }
 
+// PauseSandbox Freeze every process; memory stays. Pausing a paused sandbox succeeds.
+//
+// Corresponds with POST /sandboxes/{id}/pause (the `PauseSandbox` operationId).
+func (c *Client) PauseSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPauseSandboxRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListProcesses performs a GET /sandboxes/{id}/processes (the `ListProcesses` operationId) request.
 func (c *Client) ListProcesses(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListProcessesRequest(c.Server, id)
@@ -1442,6 +1625,38 @@ func (c *Client) WriteProcessStdinWithBody(ctx context.Context, id SandboxID, pr
 // Corresponds with POST /sandboxes/{id}/processes/{process}/wait (the `WaitProcess` operationId).
 func (c *Client) WaitProcess(ctx context.Context, id SandboxID, process ProcessID, params *WaitProcessParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewWaitProcessRequest(c.Server, id, process, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ResumeSandbox Bring a paused, suspended or retired sandbox back to running (its configured timers kept).
+//
+// Corresponds with POST /sandboxes/{id}/resume (the `ResumeSandbox` operationId).
+func (c *Client) ResumeSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResumeSandboxRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SuspendSandbox Keep the whole writable layer (every file changed anywhere in the root filesystem, not only
+// /workspace) as an archive and let processes and memory go: they are NOT kept. Over the archive
+// size cap the suspend fails with resource_exhausted and the sandbox runs on untouched.
+//
+// Corresponds with POST /sandboxes/{id}/suspend (the `SuspendSandbox` operationId).
+func (c *Client) SuspendSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSuspendSandboxRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -1830,6 +2045,87 @@ func NewGetSandboxRequest(server string, id SandboxID) (*http.Request, error) {
 	}
 
 	operationPath := fmt.Sprintf("/sandboxes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewUpdateSandboxRequest calls the generic UpdateSandbox builder with application/json body
+func NewUpdateSandboxRequest(server string, id SandboxID, body UpdateSandboxJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateSandboxRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewUpdateSandboxRequestWithBody constructs an http.Request for the UpdateSandbox method, with any body, and a specified content type
+func NewUpdateSandboxRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDownloadSandboxArchiveRequest constructs an http.Request for the DownloadSandboxArchive method
+func NewDownloadSandboxArchiveRequest(server string, id SandboxID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/archive", pathParam0)
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -2573,6 +2869,40 @@ func NewStatFileRequest(server string, id SandboxID, params *StatFileParams) (*h
 	return req, nil
 }
 
+// NewPauseSandboxRequest constructs an http.Request for the PauseSandbox method
+func NewPauseSandboxRequest(server string, id SandboxID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/pause", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListProcessesRequest constructs an http.Request for the ListProcesses method
 func NewListProcessesRequest(server string, id SandboxID) (*http.Request, error) {
 	var err error
@@ -2955,6 +3285,74 @@ func NewWaitProcessRequest(server string, id SandboxID, process ProcessID, param
 	return req, nil
 }
 
+// NewResumeSandboxRequest constructs an http.Request for the ResumeSandbox method
+func NewResumeSandboxRequest(server string, id SandboxID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/resume", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewSuspendSandboxRequest constructs an http.Request for the SuspendSandbox method
+func NewSuspendSandboxRequest(server string, id SandboxID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/suspend", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewOpenTerminalRequest calls the generic OpenTerminal builder with application/json body
 func NewOpenTerminalRequest(server string, id SandboxID, body OpenTerminalJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -3232,6 +3630,27 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	GetSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*GetSandboxResponse, error)
 
+	// UpdateSandboxWithBodyWithResponse Change a sandbox's timers live (absent fields stay as they are).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /sandboxes/{id} (the `UpdateSandbox` operationId).
+	UpdateSandboxWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateSandboxResponse, error)
+
+	// UpdateSandboxWithResponse Change a sandbox's timers live (absent fields stay as they are).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /sandboxes/{id} (the `UpdateSandbox` operationId).
+	UpdateSandboxWithResponse(ctx context.Context, id SandboxID, body UpdateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateSandboxResponse, error)
+
+	// DownloadSandboxArchiveWithResponse The archive of a suspended or retired sandbox's writable layer (tar + zstd, owners relative to the sandbox).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /sandboxes/{id}/archive (the `DownloadSandboxArchive` operationId).
+	DownloadSandboxArchiveWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*DownloadSandboxArchiveResponse, error)
+
 	// ExecWithBodyWithResponse Run a command with `sh -c` and wait for it. A non-zero exit is a result, not an error.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -3341,6 +3760,13 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	StatFileWithResponse(ctx context.Context, id SandboxID, params *StatFileParams, reqEditors ...RequestEditorFn) (*StatFileResponse, error)
 
+	// PauseSandboxWithResponse Freeze every process; memory stays. Pausing a paused sandbox succeeds.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /sandboxes/{id}/pause (the `PauseSandbox` operationId).
+	PauseSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error)
+
 	// ListProcessesWithResponse performs a GET /sandboxes/{id}/processes (the `ListProcesses` operationId) request.
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -3395,6 +3821,22 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /sandboxes/{id}/processes/{process}/wait (the `WaitProcess` operationId).
 	WaitProcessWithResponse(ctx context.Context, id SandboxID, process ProcessID, params *WaitProcessParams, reqEditors ...RequestEditorFn) (*WaitProcessResponse, error)
+
+	// ResumeSandboxWithResponse Bring a paused, suspended or retired sandbox back to running (its configured timers kept).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /sandboxes/{id}/resume (the `ResumeSandbox` operationId).
+	ResumeSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ResumeSandboxResponse, error)
+
+	// SuspendSandboxWithResponse Keep the whole writable layer (every file changed anywhere in the root filesystem, not only
+	// /workspace) as an archive and let processes and memory go: they are NOT kept. Over the archive
+	// size cap the suspend fails with resource_exhausted and the sandbox runs on untouched.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /sandboxes/{id}/suspend (the `SuspendSandbox` operationId).
+	SuspendSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*SuspendSandboxResponse, error)
 
 	// OpenTerminalWithBodyWithResponse Start a shell (or command) on a PTY; attach with the ws endpoint, detach and re-attach at will.
 	//
@@ -3792,6 +4234,95 @@ func (r GetSandboxResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type UpdateSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UpdateSandboxResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r UpdateSandboxResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r UpdateSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UpdateSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DownloadSandboxArchiveResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r DownloadSandboxArchiveResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r DownloadSandboxArchiveResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DownloadSandboxArchiveResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DownloadSandboxArchiveResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DownloadSandboxArchiveResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -4380,6 +4911,54 @@ func (r StatFileResponse) ContentType() string {
 	return ""
 }
 
+type PauseSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PauseSandboxResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r PauseSandboxResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r PauseSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PauseSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PauseSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PauseSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type ListProcessesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4695,6 +5274,102 @@ func (r WaitProcessResponse) ContentType() string {
 	return ""
 }
 
+type ResumeSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ResumeSandboxResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ResumeSandboxResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ResumeSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ResumeSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ResumeSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ResumeSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type SuspendSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SuspendSandboxResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r SuspendSandboxResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r SuspendSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SuspendSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SuspendSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SuspendSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type OpenTerminalResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4949,6 +5624,45 @@ func (c *ClientWithResponses) GetSandboxWithResponse(ctx context.Context, id San
 	return ParseGetSandboxResponse(rsp)
 }
 
+// UpdateSandboxWithBodyWithResponse Change a sandbox's timers live (absent fields stay as they are).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /sandboxes/{id} (the `UpdateSandbox` operationId).
+func (c *ClientWithResponses) UpdateSandboxWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateSandboxResponse, error) {
+	rsp, err := c.UpdateSandboxWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateSandboxResponse(rsp)
+}
+
+// UpdateSandboxWithResponse Change a sandbox's timers live (absent fields stay as they are).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /sandboxes/{id} (the `UpdateSandbox` operationId).
+func (c *ClientWithResponses) UpdateSandboxWithResponse(ctx context.Context, id SandboxID, body UpdateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateSandboxResponse, error) {
+	rsp, err := c.UpdateSandbox(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateSandboxResponse(rsp)
+}
+
+// DownloadSandboxArchiveWithResponse The archive of a suspended or retired sandbox's writable layer (tar + zstd, owners relative to the sandbox).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /sandboxes/{id}/archive (the `DownloadSandboxArchive` operationId).
+func (c *ClientWithResponses) DownloadSandboxArchiveWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*DownloadSandboxArchiveResponse, error) {
+	rsp, err := c.DownloadSandboxArchive(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDownloadSandboxArchiveResponse(rsp)
+}
+
 // ExecWithBodyWithResponse Run a command with `sh -c` and wait for it. A non-zero exit is a result, not an error.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -5160,6 +5874,19 @@ func (c *ClientWithResponses) StatFileWithResponse(ctx context.Context, id Sandb
 	return ParseStatFileResponse(rsp)
 }
 
+// PauseSandboxWithResponse Freeze every process; memory stays. Pausing a paused sandbox succeeds.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /sandboxes/{id}/pause (the `PauseSandbox` operationId).
+func (c *ClientWithResponses) PauseSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error) {
+	rsp, err := c.PauseSandbox(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePauseSandboxResponse(rsp)
+}
+
 // ListProcessesWithResponse performs a GET /sandboxes/{id}/processes (the `ListProcesses` operationId) request.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -5267,6 +5994,34 @@ func (c *ClientWithResponses) WaitProcessWithResponse(ctx context.Context, id Sa
 		return nil, err
 	}
 	return ParseWaitProcessResponse(rsp)
+}
+
+// ResumeSandboxWithResponse Bring a paused, suspended or retired sandbox back to running (its configured timers kept).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /sandboxes/{id}/resume (the `ResumeSandbox` operationId).
+func (c *ClientWithResponses) ResumeSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ResumeSandboxResponse, error) {
+	rsp, err := c.ResumeSandbox(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseResumeSandboxResponse(rsp)
+}
+
+// SuspendSandboxWithResponse Keep the whole writable layer (every file changed anywhere in the root filesystem, not only
+// /workspace) as an archive and let processes and memory go: they are NOT kept. Over the archive
+// size cap the suspend fails with resource_exhausted and the sandbox runs on untouched.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /sandboxes/{id}/suspend (the `SuspendSandbox` operationId).
+func (c *ClientWithResponses) SuspendSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*SuspendSandboxResponse, error) {
+	rsp, err := c.SuspendSandbox(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSuspendSandboxResponse(rsp)
 }
 
 // OpenTerminalWithBodyWithResponse Start a shell (or command) on a PTY; attach with the ws endpoint, detach and re-attach at will.
@@ -5571,6 +6326,65 @@ func ParseGetSandboxResponse(rsp *http.Response) (*GetSandboxResponse, error) {
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseUpdateSandboxResponse parses an HTTP response from a UpdateSandboxWithResponse call
+func ParseUpdateSandboxResponse(rsp *http.Response) (*UpdateSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDownloadSandboxArchiveResponse parses an HTTP response from a DownloadSandboxArchiveWithResponse call
+func ParseDownloadSandboxArchiveResponse(rsp *http.Response) (*DownloadSandboxArchiveResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DownloadSandboxArchiveResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
 		var dest Error
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -5979,6 +6793,39 @@ func ParseStatFileResponse(rsp *http.Response) (*StatFileResponse, error) {
 	return response, nil
 }
 
+// ParsePauseSandboxResponse parses an HTTP response from a PauseSandboxWithResponse call
+func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PauseSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseListProcessesResponse parses an HTTP response from a ListProcessesWithResponse call
 func ParseListProcessesResponse(rsp *http.Response) (*ListProcessesResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -6195,6 +7042,72 @@ func ParseWaitProcessResponse(rsp *http.Response) (*WaitProcessResponse, error) 
 	return response, nil
 }
 
+// ParseResumeSandboxResponse parses an HTTP response from a ResumeSandboxWithResponse call
+func ParseResumeSandboxResponse(rsp *http.Response) (*ResumeSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ResumeSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseSuspendSandboxResponse parses an HTTP response from a SuspendSandboxWithResponse call
+func ParseSuspendSandboxResponse(rsp *http.Response) (*SuspendSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SuspendSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseOpenTerminalResponse parses an HTTP response from a OpenTerminalWithResponse call
 func ParseOpenTerminalResponse(rsp *http.Response) (*OpenTerminalResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -6312,6 +7225,12 @@ type ServerInterface interface {
 
 	// (GET /sandboxes/{id})
 	GetSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// UpdateSandbox Change a sandbox's timers live (absent fields stay as they are).
+	// (PATCH /sandboxes/{id})
+	UpdateSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// DownloadSandboxArchive The archive of a suspended or retired sandbox's writable layer (tar + zstd, owners relative to the sandbox).
+	// (GET /sandboxes/{id}/archive)
+	DownloadSandboxArchive(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// Exec Run a command with `sh -c` and wait for it. A non-zero exit is a result, not an error.
 	// (POST /sandboxes/{id}/exec)
 	Exec(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -6351,6 +7270,9 @@ type ServerInterface interface {
 
 	// (GET /sandboxes/{id}/files/stat)
 	StatFile(w http.ResponseWriter, r *http.Request, id SandboxID, params StatFileParams)
+	// PauseSandbox Freeze every process; memory stays. Pausing a paused sandbox succeeds.
+	// (POST /sandboxes/{id}/pause)
+	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
 
 	// (GET /sandboxes/{id}/processes)
 	ListProcesses(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -6372,6 +7294,14 @@ type ServerInterface interface {
 	// WaitProcess Wait until the process exits, or timeout seconds pass (then 504 deadline_exceeded; the process runs on).
 	// (POST /sandboxes/{id}/processes/{process}/wait)
 	WaitProcess(w http.ResponseWriter, r *http.Request, id SandboxID, process ProcessID, params WaitProcessParams)
+	// ResumeSandbox Bring a paused, suspended or retired sandbox back to running (its configured timers kept).
+	// (POST /sandboxes/{id}/resume)
+	ResumeSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// SuspendSandbox Keep the whole writable layer (every file changed anywhere in the root filesystem, not only
+	// /workspace) as an archive and let processes and memory go: they are NOT kept. Over the archive
+	// size cap the suspend fails with resource_exhausted and the sandbox runs on untouched.
+	// (POST /sandboxes/{id}/suspend)
+	SuspendSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// OpenTerminal Start a shell (or command) on a PTY; attach with the ws endpoint, detach and re-attach at will.
 	// (POST /sandboxes/{id}/terminals)
 	OpenTerminal(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -6589,6 +7519,58 @@ func (siw *ServerInterfaceWrapper) GetSandbox(w http.ResponseWriter, r *http.Req
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateSandbox operation middleware
+func (siw *ServerInterfaceWrapper) UpdateSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DownloadSandboxArchive operation middleware
+func (siw *ServerInterfaceWrapper) DownloadSandboxArchive(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DownloadSandboxArchive(w, r, id)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -7129,6 +8111,32 @@ func (siw *ServerInterfaceWrapper) StatFile(w http.ResponseWriter, r *http.Reque
 	handler.ServeHTTP(w, r)
 }
 
+// PauseSandbox operation middleware
+func (siw *ServerInterfaceWrapper) PauseSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PauseSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListProcesses operation middleware
 func (siw *ServerInterfaceWrapper) ListProcesses(w http.ResponseWriter, r *http.Request) {
 
@@ -7417,6 +8425,58 @@ func (siw *ServerInterfaceWrapper) WaitProcess(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// ResumeSandbox operation middleware
+func (siw *ServerInterfaceWrapper) ResumeSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ResumeSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// SuspendSandbox operation middleware
+func (siw *ServerInterfaceWrapper) SuspendSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SuspendSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // OpenTerminal operation middleware
 func (siw *ServerInterfaceWrapper) OpenTerminal(w http.ResponseWriter, r *http.Request) {
 
@@ -7654,6 +8714,11 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes", wrapper.CreateSandbox)
 	m.HandleFunc(http.MethodDelete+" "+options.BaseURL+"/sandboxes/{id}", wrapper.DeleteSandbox)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/sandboxes/{id}", wrapper.GetSandbox)
+	m.HandleFunc(http.MethodPatch+" "+options.BaseURL+"/sandboxes/{id}", wrapper.UpdateSandbox)
+	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/pause", wrapper.PauseSandbox)
+	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/suspend", wrapper.SuspendSandbox)
+	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/resume", wrapper.ResumeSandbox)
+	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/sandboxes/{id}/archive", wrapper.DownloadSandboxArchive)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/exec", wrapper.Exec)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/exec/stream", wrapper.ExecStream)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/sandboxes/{id}/exec/ws", wrapper.ExecWebSocket)

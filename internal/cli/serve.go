@@ -43,6 +43,7 @@ func serveCmd() *cobra.Command {
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long running requests get at shutdown")
 	fl.IntVar(&cfg.WarmInits, "warm-inits", 0, "parked inits kept ready (default 2; negative: none)")
+	fl.Int64Var(&cfg.ArchiveCap, "archive-cap", 0, "largest archive a suspend may write, in bytes (default 256 MiB)")
 	fl.IntVar(&cfg.Limits.MaxCmdBytes, "max-cmd-bytes", 0, "longest command accepted (default 8 KiB)")
 	fl.DurationVar(&cfg.Limits.DefaultTimeout, "exec-timeout", 0, "default exec timeout (default 300s)")
 	fl.DurationVar(&cfg.Limits.MaxTimeout, "max-exec-timeout", 0, "longest exec timeout a request may ask (default 1h)")

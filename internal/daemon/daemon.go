@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hutch-dev/hutch/internal/backend/native"
+	"github.com/hutch-dev/hutch/internal/blob"
 	"github.com/hutch-dev/hutch/internal/sandbox"
 	"github.com/hutch-dev/hutch/internal/server"
 	"github.com/hutch-dev/hutch/internal/store"
@@ -30,6 +31,10 @@ type Config struct {
 	WarmInits int
 	// Grace is how long running requests get at shutdown (default 10s).
 	Grace time.Duration
+	// ArchiveCap bounds a suspended sandbox's archive (default 256 MiB).
+	ArchiveCap int64
+	// ReapInterval is how often lifecycle timers are checked (default 1s).
+	ReapInterval time.Duration
 }
 
 // Daemon is a running daemon.
@@ -78,8 +83,13 @@ func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	closers = append(closers, d.Backend.Close)
+	blobs, err := blob.NewDir(filepath.Join(cfg.DataDir, "archives"))
+	if err != nil {
+		return nil, err
+	}
 	srv := server.New(server.Config{Store: d.Store, Logger: cfg.Logger, Limits: cfg.Limits, Version: cfg.Version})
-	if d.Manager, err = sandbox.New(ctx, d.Store, d.Backend, sandbox.Options{Logger: cfg.Logger, OnTransition: srv.Metrics()}); err != nil {
+	if d.Manager, err = sandbox.New(ctx, d.Store, d.Backend, sandbox.Options{Logger: cfg.Logger,
+		OnTransition: srv.Metrics(), Blobs: blobs, ArchiveCap: cfg.ArchiveCap, ReapInterval: cfg.ReapInterval}); err != nil {
 		return nil, err
 	}
 	closers = append(closers, d.Manager.Close)

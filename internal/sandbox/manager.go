@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hutch-dev/hutch/internal/backend"
+	"github.com/hutch-dev/hutch/internal/blob"
 	"github.com/hutch-dev/hutch/internal/errdefs"
 	"github.com/hutch-dev/hutch/internal/store"
 )
@@ -40,7 +41,7 @@ var transitions = map[State][]State{
 	Running:   {Paused, Suspended, Failed, Destroyed},
 	Paused:    {Running, Suspended, Failed, Destroyed},
 	Suspended: {Running, Retired, Failed, Destroyed},
-	Retired:   {Destroyed},
+	Retired:   {Running, Destroyed},
 	Failed:    {Destroyed},
 	Destroyed: {},
 }
@@ -61,6 +62,10 @@ type Options struct {
 	ReapInterval time.Duration
 	// OnTransition, when set, is told of every state change (metrics).
 	OnTransition func(from, to State)
+	// Blobs keeps suspended sandboxes' archives (nil: no suspend).
+	Blobs blob.Store
+	// ArchiveCap bounds one archive, compressed (default 256 MiB).
+	ArchiveCap int64
 }
 
 // Manager owns sandboxes.
@@ -72,6 +77,7 @@ type Manager struct {
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
+	act   activity
 
 	stop func()
 	done chan struct{}
@@ -88,25 +94,33 @@ type Spec struct {
 	Limits   backend.Limits    `json:"limits"`
 	Labels   map[string]string `json:"labels,omitempty"`
 	Metadata map[string]string `json:"metadata,omitempty"`
-	// Timeout destroys the sandbox this long after creation (0: never).
-	Timeout time.Duration `json:"timeout,omitempty"`
+	// Timeout is a hard limit on the sandbox's running time (0: none);
+	// time paused or suspended does not count. When it is reached the
+	// sandbox is destroyed, or suspended if OnTimeout is "suspend".
+	Timeout   time.Duration `json:"timeout,omitempty"`
+	OnTimeout string        `json:"on_timeout,omitempty"`
+	// IdleTimeout suspends a sandbox idle this long (0: the default, 5
+	// min; negative: never). Idle means no process but init, no open
+	// stream, terminal or transfer, and no API call.
+	IdleTimeout time.Duration `json:"idle_timeout,omitempty"`
+	// RetireAfter retires a sandbox suspended this long (0: the default,
+	// 5 h; negative: never): its archive is kept, nothing else.
+	RetireAfter time.Duration `json:"retire_after,omitempty"`
+	// NoAutoResume makes calls on a paused or suspended sandbox fail with
+	// a conflict instead of resuming it first.
+	NoAutoResume bool `json:"no_auto_resume,omitempty"`
 }
 
 // Sandbox is the manager's view of one sandbox.
 type Sandbox struct {
-	ID       string
-	Tenant   string
-	State    State
-	Reason   string
-	Spec     Spec
-	Deadline time.Time // zero: no timeout
-	Created  time.Time
-	Updated  time.Time
-}
-
-// extra is the lifecycle data kept in the store's Extra column.
-type extra struct {
-	Deadline time.Time `json:"deadline,omitzero"`
+	ID      string
+	Tenant  string
+	State   State
+	Reason  string
+	Spec    Spec
+	Timers  Timers
+	Created time.Time
+	Updated time.Time
 }
 
 // New makes a manager over a store and a backend, recovers every sandbox
@@ -118,7 +132,11 @@ func New(ctx context.Context, st *store.Store, be backend.Backend, opts Options)
 	if opts.ReapInterval == 0 {
 		opts.ReapInterval = time.Second
 	}
-	m := &Manager{st: st, be: be, opts: opts, log: opts.Logger, locks: map[string]*sync.Mutex{}}
+	if opts.ArchiveCap == 0 {
+		opts.ArchiveCap = DefaultArchiveCap
+	}
+	m := &Manager{st: st, be: be, opts: opts, log: opts.Logger, locks: map[string]*sync.Mutex{},
+		act: activity{last: map[string]time.Time{}, holds: map[string]int{}}}
 	if err := m.recoverAll(ctx); err != nil {
 		return nil, err
 	}
@@ -166,8 +184,8 @@ func (m *Manager) Create(ctx context.Context, tenant string, spec Spec) (Sandbox
 	if spec.Template != "" {
 		return Sandbox{}, fmt.Errorf("templates: %w", errdefs.ErrNotImplemented)
 	}
-	if spec.Timeout < 0 {
-		return Sandbox{}, fmt.Errorf("timeout %v: %w", spec.Timeout, errdefs.ErrInvalidArgument)
+	if err := checkLifecycle(spec); err != nil {
+		return Sandbox{}, err
 	}
 	unlock := m.lock(spec.ID)
 	defer unlock()
@@ -211,11 +229,7 @@ func (m *Manager) insert(ctx context.Context, tenant string, spec Spec) (store.S
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	var ex extra
-	if spec.Timeout > 0 {
-		ex.Deadline = time.Now().Add(spec.Timeout).UTC()
-	}
-	exRaw, _ := json.Marshal(ex)
+	exRaw, _ := json.Marshal(Timers{})
 	return m.st.InsertSandbox(ctx, store.Sandbox{ID: spec.ID, Tenant: tenant, State: string(Creating),
 		Spec: raw, Extra: exRaw, Labels: spec.Labels, Metadata: spec.Metadata})
 }
@@ -231,6 +245,9 @@ func (m *Manager) move(ctx context.Context, rec store.Sandbox, to State, reason 
 		return rec, &errdefs.TransitionError{ID: rec.ID, From: string(from), To: string(to)}
 	}
 	rec.State, rec.Reason = string(to), reason
+	if err := retime(&rec, from, to, time.Now()); err != nil {
+		return rec, err
+	}
 	out, err := m.st.UpdateSandbox(context.WithoutCancel(ctx), rec)
 	if err == nil && from != to {
 		m.notify(from, to)
@@ -308,21 +325,56 @@ func (m *Manager) destroy(ctx context.Context, rec store.Sandbox, reason string)
 	if err := m.be.Destroy(context.WithoutCancel(ctx), rec.ID); err != nil {
 		return fmt.Errorf("destroy %s: %w", rec.ID, err)
 	}
-	_, err = m.move(ctx, rec, Destroyed, reason)
-	return err
+	if _, err = m.move(ctx, rec, Destroyed, reason); err != nil {
+		return err
+	}
+	m.forget(ctx, rec)
+	return nil
+}
+
+// forget drops what a destroyed sandbox leaves: its archive and its
+// activity entries.
+func (m *Manager) forget(ctx context.Context, rec store.Sandbox) {
+	m.act.mu.Lock()
+	delete(m.act.last, rec.ID)
+	delete(m.act.holds, rec.ID)
+	m.act.mu.Unlock()
+	var t Timers
+	if json.Unmarshal(rec.Extra, &t) == nil && t.Archive != nil && m.opts.Blobs != nil {
+		if err := m.opts.Blobs.Delete(context.WithoutCancel(ctx), t.Archive.Key); err != nil {
+			m.log.Warn("delete archive of destroyed sandbox", "id", rec.ID, "err", err)
+		}
+	}
 }
 
 // Live returns the id of a running sandbox of tenant, for operations that
-// need its processes; any other state is a conflict naming it.
+// need its processes. A paused or suspended (or retired) one is resumed
+// first, unless it was created without auto-resume; then, as for any other
+// state, the answer is a conflict naming the state. Every call counts as
+// activity for the idle timer.
 func (m *Manager) Live(ctx context.Context, tenant, id string) (string, error) {
 	rec, err := m.st.GetSandbox(ctx, tenant, id)
 	if err != nil {
 		return "", err
 	}
-	if State(rec.State) != Running {
-		return "", &errdefs.TransitionError{ID: id, From: rec.State, To: string(Running)}
+	m.Touch(id)
+	switch State(rec.State) {
+	case Running:
+		return id, nil
+	case Paused, Suspended, Retired:
+		sb, err := fromRecord(rec)
+		if err != nil {
+			return "", err
+		}
+		if sb.Spec.NoAutoResume {
+			return "", &errdefs.TransitionError{ID: id, From: rec.State, To: string(Running)}
+		}
+		if _, err := m.Resume(ctx, tenant, id); err != nil {
+			return "", err
+		}
+		return id, nil
 	}
-	return id, nil
+	return "", &errdefs.TransitionError{ID: id, From: rec.State, To: string(Running)}
 }
 
 // Died records that a running sandbox's init is gone.
@@ -355,12 +407,10 @@ func fromRecord(r store.Sandbox) (Sandbox, error) {
 		return sb, fmt.Errorf("sandbox %s: stored spec: %w", r.ID, err)
 	}
 	sb.Spec.Labels, sb.Spec.Metadata = r.Labels, r.Metadata
-	var ex extra
 	if len(r.Extra) > 0 {
-		if err := json.Unmarshal(r.Extra, &ex); err != nil {
+		if err := json.Unmarshal(r.Extra, &sb.Timers); err != nil {
 			return sb, fmt.Errorf("sandbox %s: stored lifecycle data: %w", r.ID, err)
 		}
 	}
-	sb.Deadline = ex.Deadline
 	return sb, nil
 }

@@ -15,7 +15,7 @@ func (m *Manager) recoverAll(ctx context.Context) error {
 	token := ""
 	for {
 		recs, next, err := m.st.ListSandboxes(ctx, store.ListFilter{
-			States: []string{string(Creating), string(Running), string(Paused)}, Limit: 1000, PageToken: token})
+			States: []string{string(Creating), string(Running), string(Paused), string(Suspended)}, Limit: 1000, PageToken: token})
 		if err != nil {
 			return err
 		}
@@ -52,8 +52,18 @@ func (m *Manager) recoverOne(ctx context.Context, rec store.Sandbox) {
 		fail("backend could not recover it: " + err.Error())
 	case info.Status == backend.StatusDead:
 		fail("its init was gone after the daemon restarted: " + info.Reason)
+	case State(rec.State) == Paused:
+		// The backend adopts it without knowing it was frozen; freezing
+		// again (idempotent) makes both agree.
+		if pz, ok := m.be.(backend.Pauser); ok {
+			if err := pz.Pause(ctx, rec.ID); err != nil {
+				fail("could not pause it again after the restart: " + err.Error())
+				return
+			}
+		}
+		m.log.Info("sandbox recovered", "id", rec.ID, "state", rec.State)
 	default:
-		m.log.Info("sandbox recovered", "id", rec.ID, "status", info.Status)
+		m.log.Info("sandbox recovered", "id", rec.ID, "state", rec.State, "status", info.Status)
 	}
 }
 
@@ -88,30 +98,107 @@ func (m *Manager) checkDied(ctx context.Context, rec store.Sandbox) {
 
 func (m *Manager) reapOnce(ctx context.Context) {
 	token := ""
-	now := time.Now()
 	for {
 		recs, next, err := m.st.ListSandboxes(ctx, store.ListFilter{
-			States: []string{string(Running), string(Paused), string(Failed)}, Limit: 1000, PageToken: token})
+			States: []string{string(Running), string(Paused), string(Suspended)}, Limit: 1000, PageToken: token})
 		if err != nil {
 			return
 		}
 		for _, rec := range recs {
 			m.checkDied(ctx, rec)
-			sb, err := fromRecord(rec)
-			if err != nil || sb.Deadline.IsZero() || now.Before(sb.Deadline) {
-				continue
-			}
-			unlock := m.lock(rec.ID)
-			if err := m.destroy(ctx, rec, "timeout"); err != nil {
-				m.log.Error("destroy on timeout", "id", rec.ID, "err", err)
-			} else {
-				m.log.Info("sandbox destroyed: timeout", "id", rec.ID)
-			}
-			unlock()
+			m.checkTimers(ctx, rec, time.Now())
 		}
 		if next == "" {
 			return
 		}
 		token = next
 	}
+}
+
+// checkTimers applies a sandbox's timeout, idle timeout and retirement.
+func (m *Manager) checkTimers(ctx context.Context, rec store.Sandbox, now time.Time) {
+	sb, err := fromRecord(rec)
+	if err != nil {
+		return
+	}
+	switch {
+	case sb.State != Suspended && sb.Spec.Timeout > 0 && sb.Timers.Used(now) >= sb.Spec.Timeout:
+		if sb.Spec.OnTimeout == "suspend" {
+			m.timed(ctx, rec.ID, "timeout", Suspended)
+		} else {
+			m.timed(ctx, rec.ID, "timeout", Destroyed)
+		}
+	case sb.State == Running && m.idle(ctx, sb, now):
+		m.timed(ctx, rec.ID, "idle", Suspended)
+	case sb.State == Suspended && retireDue(sb, now):
+		m.timed(ctx, rec.ID, "suspended for "+orDefault(sb.Spec.RetireAfter, DefaultRetireAfter).String(), Retired)
+	}
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func retireDue(sb Sandbox, now time.Time) bool {
+	after := orDefault(sb.Spec.RetireAfter, DefaultRetireAfter)
+	return after > 0 && !sb.Timers.SuspendedAt.IsZero() && now.Sub(sb.Timers.SuspendedAt) >= after
+}
+
+// idle reports whether a running sandbox has been idle for its idle
+// timeout: no process but init, nothing held open, no API call.
+func (m *Manager) idle(ctx context.Context, sb Sandbox, now time.Time) bool {
+	limit := orDefault(sb.Spec.IdleTimeout, DefaultIdleTimeout)
+	if limit < 0 || m.opts.Blobs == nil {
+		return false
+	}
+	if info, err := m.be.Inspect(ctx, sb.ID); err != nil || info.Processes != 0 {
+		m.Touch(sb.ID) // busy, or unknown: not idle
+		return false
+	}
+	return now.Sub(m.lastActive(sb.ID, sb.Timers.RunningSince)) >= limit
+}
+
+// timed carries out a timer's verdict under the sandbox's lock, if the
+// sandbox is still where the verdict found it.
+func (m *Manager) timed(ctx context.Context, id, why string, to State) {
+	unlock := m.lock(id)
+	defer unlock()
+	rec, err := m.st.GetSandbox(ctx, "", id)
+	if err != nil {
+		return
+	}
+	switch to {
+	case Destroyed:
+		err = m.destroy(ctx, rec, why)
+	case Suspended:
+		if State(rec.State) == Running || State(rec.State) == Paused {
+			_, err = m.suspend(ctx, rec, why)
+		}
+	case Retired:
+		err = m.retire(ctx, rec, why)
+	}
+	if err != nil {
+		m.log.Error("lifecycle timer", "id", id, "to", to, "why", why, "err", err)
+		if to == Suspended && why == "idle" {
+			m.Touch(id) // do not retry every second
+		}
+		return
+	}
+	m.log.Info("lifecycle timer", "id", id, "to", to, "why", why)
+}
+
+// retire lets a suspended sandbox's backend state go; its record and
+// archive stay, and it can still be resumed.
+func (m *Manager) retire(ctx context.Context, rec store.Sandbox, why string) error {
+	if State(rec.State) != Suspended {
+		return nil
+	}
+	if err := m.be.Destroy(context.WithoutCancel(ctx), rec.ID); err != nil {
+		return err
+	}
+	_, err := m.move(ctx, rec, Retired, why)
+	return err
 }

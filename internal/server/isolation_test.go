@@ -70,18 +70,23 @@ func tarOf(t testing.TB, files map[string]string) []byte {
 func isoCases(t testing.TB) map[string]isoCase {
 	tarball := tarOf(t, map[string]string{"a.txt": "from B"})
 	return map[string]isoCase{
-		"health":        {method: "GET", path: "/health", scope: public, control: 200},
-		"createSandbox": {method: "POST", path: "/sandboxes", body: api.CreateSandboxRequest{}, scope: tenantWide, control: 201},
-		"listSandboxes": {method: "GET", path: "/sandboxes", scope: tenantWide, control: 200},
-		"getSandbox":    {method: "GET", path: "/sandboxes/{id}", control: 200},
-		"deleteSandbox": {method: "DELETE", path: "/sandboxes/{id}", control: 204},
-		"exec":          {method: "POST", path: "/sandboxes/{id}/exec", body: api.ExecRequest{Cmd: "echo pwned > /workspace/pwned"}, control: 200},
-		"execStream":    {method: "POST", path: "/sandboxes/{id}/exec/stream", body: api.ExecRequest{Cmd: "echo pwned > /workspace/pwned"}, control: 200},
-		"execWebSocket": {method: "GET", path: "/sandboxes/{id}/exec/ws", hdr: wsHeaders, control: 101},
-		"startProcess":  {method: "POST", path: "/sandboxes/{id}/processes", body: api.StartProcessRequest{Cmd: "echo pwned > /workspace/pwned"}, control: 201},
-		"listProcesses": {method: "GET", path: "/sandboxes/{id}/processes", control: 200},
-		"getProcess":    {method: "GET", path: "/sandboxes/{id}/processes/{process}", proc: "bg", control: 200},
-		"processOutput": {method: "GET", path: "/sandboxes/{id}/processes/{process}/output", proc: "bg", control: 200},
+		"health":                 {method: "GET", path: "/health", scope: public, control: 200},
+		"createSandbox":          {method: "POST", path: "/sandboxes", body: api.CreateSandboxRequest{}, scope: tenantWide, control: 201},
+		"listSandboxes":          {method: "GET", path: "/sandboxes", scope: tenantWide, control: 200},
+		"getSandbox":             {method: "GET", path: "/sandboxes/{id}", control: 200},
+		"deleteSandbox":          {method: "DELETE", path: "/sandboxes/{id}", control: 204},
+		"updateSandbox":          {method: "PATCH", path: "/sandboxes/{id}", body: map[string]any{"timeout": 3600}, control: 200},
+		"pauseSandbox":           {method: "POST", path: "/sandboxes/{id}/pause", control: 200},
+		"resumeSandbox":          {method: "POST", path: "/sandboxes/{id}/resume", control: 200},
+		"suspendSandbox":         {method: "POST", path: "/sandboxes/{id}/suspend", control: 200},
+		"downloadSandboxArchive": {method: "GET", path: "/sandboxes/{id}/archive", control: 200},
+		"exec":                   {method: "POST", path: "/sandboxes/{id}/exec", body: api.ExecRequest{Cmd: "echo pwned > /workspace/pwned"}, control: 200},
+		"execStream":             {method: "POST", path: "/sandboxes/{id}/exec/stream", body: api.ExecRequest{Cmd: "echo pwned > /workspace/pwned"}, control: 200},
+		"execWebSocket":          {method: "GET", path: "/sandboxes/{id}/exec/ws", hdr: wsHeaders, control: 101},
+		"startProcess":           {method: "POST", path: "/sandboxes/{id}/processes", body: api.StartProcessRequest{Cmd: "echo pwned > /workspace/pwned"}, control: 201},
+		"listProcesses":          {method: "GET", path: "/sandboxes/{id}/processes", control: 200},
+		"getProcess":             {method: "GET", path: "/sandboxes/{id}/processes/{process}", proc: "bg", control: 200},
+		"processOutput":          {method: "GET", path: "/sandboxes/{id}/processes/{process}/output", proc: "bg", control: 200},
 		"writeProcessStdin": {method: "POST", path: "/sandboxes/{id}/processes/{process}/stdin", proc: "bg",
 			body: "pwned\n", control: 204},
 		"signalProcess": {method: "POST", path: "/sandboxes/{id}/processes/{process}/signal", proc: "bg",
@@ -262,7 +267,10 @@ func TestTenantIsolation(t *testing.T) {
 
 	// The same requests from A on a sandbox of its own succeed: they are
 	// well-formed, so B's 404s above are isolation. Delete goes last.
-	last := func(n string) int { return boolInt(n == "signalProcess") + 2*boolInt(n == "deleteSandbox") }
+	// Lifecycle calls go last, in the order that makes each succeed
+	// (there is an archive to download only once suspended).
+	order := []string{"signalProcess", "pauseSandbox", "resumeSandbox", "suspendSandbox", "downloadSandboxArchive", "deleteSandbox"}
+	last := func(n string) int { return slices.Index(order, n) + 1 }
 	slices.SortStableFunc(names, func(x, y string) int { return last(x) - last(y) })
 	for _, name := range names {
 		c := cases[name]

@@ -1,10 +1,12 @@
 package server
 
 import (
+	"io"
 	"math"
 	"net/http"
 	"path"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,16 +40,126 @@ func (s *Server) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	idle, err := lifeSeconds("idle_timeout", req.IdleTimeout)
+	var retire time.Duration
+	if err == nil {
+		retire, err = lifeSeconds("retire_after", req.RetireAfter)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	spec := sandbox.Spec{ID: req.Id, Base: req.Base, Template: req.Template, Env: req.Env, Cwd: req.Cwd,
 		Hostname: req.Hostname, Labels: req.Labels, Metadata: req.Metadata,
-		Timeout: time.Duration(req.Timeout) * time.Second,
-		Limits:  backend.Limits{MemoryBytes: req.Limits.MemoryMb << 20, CPUMillis: req.Limits.CpuMillis, Pids: req.Limits.Pids}}
+		Timeout: time.Duration(req.Timeout) * time.Second, OnTimeout: string(req.OnTimeout),
+		IdleTimeout: idle, RetireAfter: retire, NoAutoResume: req.AutoResume != nil && !*req.AutoResume,
+		Limits: backend.Limits{MemoryBytes: req.Limits.MemoryMb << 20, CPUMillis: req.Limits.CpuMillis, Pids: req.Limits.Pids}}
 	sb, err := s.mgr.Create(r.Context(), tenantOf(r.Context()).ID, spec)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, toAPISandbox(sb))
+}
+
+// lifeSeconds reads a lifecycle timer: seconds, 0 for the default, -1 for
+// never.
+func lifeSeconds(name string, sec int) (time.Duration, error) {
+	switch {
+	case sec == -1:
+		return -1, nil
+	case sec < -1 || int64(sec) > math.MaxInt64/int64(time.Second):
+		return 0, invalid("%s %d: want seconds ≥ 0, or -1 for never", name, sec)
+	}
+	return time.Duration(sec) * time.Second, nil
+}
+
+// UpdateSandbox implements api.ServerInterface.
+func (s *Server) UpdateSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	var req api.UpdateSandboxRequest
+	if err := decode(w, r, s.lim.MaxBodyBytes, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	p, err := toPatch(req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.lifecycle(w, r, func() (sandbox.Sandbox, error) { return s.mgr.Update(r.Context(), s.scope(r), id, p) })
+}
+
+func toPatch(req api.UpdateSandboxRequest) (sandbox.Patch, error) {
+	var p sandbox.Patch
+	if req.Timeout != nil {
+		if *req.Timeout < 0 || int64(*req.Timeout) > math.MaxInt64/int64(time.Second) {
+			return p, invalid("timeout %d: want seconds ≥ 0", *req.Timeout)
+		}
+		d := time.Duration(*req.Timeout) * time.Second
+		p.Timeout = &d
+	}
+	if req.OnTimeout != nil {
+		o := string(*req.OnTimeout)
+		p.OnTimeout = &o
+	}
+	for _, f := range []struct {
+		name string
+		in   *int
+		out  **time.Duration
+	}{{"idle_timeout", req.IdleTimeout, &p.IdleTimeout}, {"retire_after", req.RetireAfter, &p.RetireAfter}} {
+		if f.in == nil {
+			continue
+		}
+		d, err := lifeSeconds(f.name, *f.in)
+		if err != nil {
+			return p, err
+		}
+		*f.out = &d
+	}
+	if req.AutoResume != nil {
+		no := !*req.AutoResume
+		p.NoAutoResume = &no
+	}
+	return p, nil
+}
+
+// lifecycle answers a lifecycle call with the sandbox it leaves.
+func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, op func() (sandbox.Sandbox, error)) {
+	sb, err := op()
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPISandbox(sb))
+}
+
+// PauseSandbox implements api.ServerInterface.
+func (s *Server) PauseSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	s.lifecycle(w, r, func() (sandbox.Sandbox, error) { return s.mgr.Pause(r.Context(), s.scope(r), id) })
+}
+
+// ResumeSandbox implements api.ServerInterface.
+func (s *Server) ResumeSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	s.lifecycle(w, r, func() (sandbox.Sandbox, error) { return s.mgr.Resume(r.Context(), s.scope(r), id) })
+}
+
+// SuspendSandbox implements api.ServerInterface.
+func (s *Server) SuspendSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	s.lifecycle(w, r, func() (sandbox.Sandbox, error) { return s.mgr.Suspend(r.Context(), s.scope(r), id) })
+}
+
+// DownloadSandboxArchive implements api.ServerInterface.
+func (s *Server) DownloadSandboxArchive(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	rc, a, err := s.mgr.OpenArchive(r.Context(), s.scope(r), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/zstd")
+	w.Header().Set("Content-Length", strconv.FormatInt(a.Size, 10))
+	w.Header().Set("X-Hutch-Sha256", a.SHA256)
+	_, _ = io.Copy(w, rc)
 }
 
 // hostnamePattern is RFC 1123: dot-separated labels of letters, digits
@@ -144,11 +256,34 @@ func toAPISandbox(sb sandbox.Sandbox) api.Sandbox {
 	if base == "" {
 		base = "host"
 	}
-	out := api.Sandbox{Id: sb.ID, State: api.SandboxState(sb.State), Reason: sb.Reason, Base: base,
+	out := api.Sandbox{OnTimeout: orText(sp.OnTimeout, "destroy"),
+		IdleTimeout: lifeOut(sp.IdleTimeout, sandbox.DefaultIdleTimeout), RetireAfter: lifeOut(sp.RetireAfter, sandbox.DefaultRetireAfter),
+		AutoResume: !sp.NoAutoResume, TimeUsed: sb.Timers.Used(time.Now()).Seconds(), Id: sb.ID, State: api.SandboxState(sb.State), Reason: sb.Reason, Base: base,
 		Template: sp.Template, Env: sp.Env, Cwd: sp.Cwd, Hostname: sp.Hostname, Labels: sp.Labels,
 		Metadata: sp.Metadata, Timeout: int(sp.Timeout / time.Second), CreatedAt: sb.Created, UpdatedAt: sb.Updated,
 		Limits: api.Limits{MemoryMb: sp.Limits.MemoryBytes >> 20, CpuMillis: sp.Limits.CPUMillis, Pids: sp.Limits.Pids}}
+	if a := sb.Timers.Archive; a != nil {
+		out.Archive = &api.ArchiveInfo{Size: a.Size, Sha256: a.SHA256, Bytes: a.Bytes, CreatedAt: a.Created}
+	}
 	return out
+}
+
+func orText(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// lifeOut shows a timer in seconds, the default filled in, -1 for never.
+func lifeOut(d, def time.Duration) int {
+	switch {
+	case d < 0:
+		return -1
+	case d == 0:
+		return int(def / time.Second)
+	}
+	return int(d / time.Second)
 }
 
 // live resolves a request's sandbox to a running one of its tenant.
