@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"io"
 	"math"
 	"net/http"
@@ -287,8 +288,14 @@ func lifeOut(d, def time.Duration) int {
 }
 
 // live resolves a request's sandbox to a running one of its tenant.
+// The sandbox counts as busy for the idle timer until the request ends,
+// so a long stream, terminal session or transfer is never idle.
 func (s *Server) live(r *http.Request, id string) (string, error) {
-	return s.mgr.Live(r.Context(), s.scope(r), id)
+	sid, err := s.mgr.Live(r.Context(), s.scope(r), id)
+	if err == nil {
+		context.AfterFunc(r.Context(), s.mgr.Hold(sid))
+	}
+	return sid, err
 }
 
 // backendErr gives a failed backend call its final form: a sandbox whose
