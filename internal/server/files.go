@@ -86,12 +86,17 @@ func (s *Server) ReadFile(w http.ResponseWriter, r *http.Request, id api.Sandbox
 	if err == nil {
 		rc, err = fa.ReadFile(r.Context(), sid, params.Path)
 	}
+	s.sendStream(w, r, "application/octet-stream", rc, err)
+}
+
+// sendStream answers with rc's bytes, or with err.
+func (s *Server) sendStream(w http.ResponseWriter, r *http.Request, contentType string, rc io.ReadCloser, err error) {
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	defer rc.Close()
-	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Type", contentType)
 	_, _ = io.Copy(w, rc)
 }
 
@@ -260,13 +265,7 @@ func (s *Server) DownloadArchive(w http.ResponseWriter, r *http.Request, id api.
 	if err == nil {
 		rc, err = ar.ReadArchive(r.Context(), sid, params.Path)
 	}
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	defer rc.Close()
-	w.Header().Set("Content-Type", "application/x-tar")
-	_, _ = io.Copy(w, rc)
+	s.sendStream(w, r, "application/x-tar", rc, err)
 }
 
 // UploadArchive implements api.ServerInterface.

@@ -21,23 +21,13 @@ const maxRestoreBytes = 64 << 30
 func (b *Backend) Suspend(ctx context.Context, id string, store func(io.Reader) error) (backend.ArchiveStats, error) {
 	unlock := b.lockID(id)
 	defer unlock()
-	s, err := b.running(id)
+	s, thaw, err := b.freeze(id)
 	if err != nil {
-		return backend.ArchiveStats{}, err
-	}
-	s.mu.Lock()
-	group, paused := s.group, s.paused
-	s.mu.Unlock()
-	if !paused {
-		if err := group.Freeze(); err != nil {
-			return backend.ArchiveStats{}, fmt.Errorf("suspend %s: freeze: %w", id, err)
-		}
+		return backend.ArchiveStats{}, fmt.Errorf("suspend %s: %w", id, err)
 	}
 	st, err := packTo(ctx, filepath.Join(s.dir, "upper"), s.state.UID, s.state.Size, store)
 	if err != nil {
-		if !paused {
-			_ = group.Thaw()
-		}
+		thaw()
 		return backend.ArchiveStats{}, fmt.Errorf("suspend %s: %w", id, err)
 	}
 	if err := s.stop(context.WithoutCancel(ctx)); err != nil {
@@ -124,22 +114,33 @@ func resetDirs(dir string) error {
 func (b *Backend) Snapshot(ctx context.Context, id, dst string) (backend.ArchiveStats, error) {
 	unlock := b.lockID(id)
 	defer unlock()
-	s, err := b.running(id)
+	s, thaw, err := b.freeze(id)
 	if err != nil {
-		return backend.ArchiveStats{}, err
+		return backend.ArchiveStats{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
-	s.mu.Lock()
-	group, paused := s.group, s.paused
-	s.mu.Unlock()
-	if !paused {
-		if err := group.Freeze(); err != nil {
-			return backend.ArchiveStats{}, fmt.Errorf("snapshot %s: freeze: %w", id, err)
-		}
-		defer group.Thaw()
-	}
+	defer thaw()
 	st, err := layer.Copy(ctx, filepath.Join(s.dir, "upper"), dst, s.state.UID, 0, s.state.Size)
 	if err != nil {
 		return backend.ArchiveStats{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
 	return backend.ArchiveStats{Files: st.Files + st.Dirs + st.Links, Bytes: st.Bytes}, nil
+}
+
+// freeze freezes a running sandbox's processes for a consistent read of
+// its upper. thaw undoes it, unless the sandbox was paused before: then it
+// stays paused.
+func (b *Backend) freeze(id string) (s *sandbox, thaw func(), err error) {
+	if s, err = b.running(id); err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	group, paused := s.group, s.paused
+	s.mu.Unlock()
+	if paused {
+		return s, func() {}, nil
+	}
+	if err := group.Freeze(); err != nil {
+		return nil, nil, fmt.Errorf("freeze: %w", err)
+	}
+	return s, func() { _ = group.Thaw() }, nil
 }
