@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hutch-dev/hutch/internal/tarfs"
 	"io"
 	"io/fs"
 	"os"
@@ -82,7 +83,7 @@ func (g *globals) upload(ctx context.Context, src string, dst loc) error {
 		return sb.WriteFileFrom(ctx, target, f, fi.Mode().Perm())
 	}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTar(pw, src)) }()
+	go func() { pw.CloseWithError(tarfs.Write(pw, src, tarfs.Options{})) }()
 	defer pr.Close()
 	return sb.UploadArchive(ctx, target, pr)
 }
@@ -116,7 +117,10 @@ func (g *globals) download(ctx context.Context, src loc, dst string) error {
 		target = filepath.Join(dst, path.Base(src.path))
 	}
 	if fi.IsDir() {
-		return localErr(extractTar(rc, target))
+		if err := os.MkdirAll(target, 0o755); err != nil {
+			return localErr(err)
+		}
+		return localErr(tarfs.Extract(rc, target, tarfs.Options{}))
 	}
 	return localErr(writeLocal(target, rc, fi.Mode.Perm()))
 }
