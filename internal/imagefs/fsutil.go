@@ -3,7 +3,7 @@ package imagefs
 import (
 	"errors"
 	"fmt"
-	"os"
+	"github.com/hutch-dev/hutch/internal/fsat"
 	"path"
 
 	"golang.org/x/sys/unix"
@@ -63,25 +63,6 @@ func (a *applier) openDir(rel string, create bool) (int, error) {
 	return fd, nil
 }
 
-// openBeneath opens directory rel under dirfd with openat2(RESOLVE_BENEATH).
-func openBeneath(dirfd int, rel string) (int, error) {
-	how := unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
-	}
-	for tries := 0; ; tries++ {
-		fd, err := unix.Openat2(dirfd, rel, &how)
-		// EAGAIN: a concurrent rename raced a ".." step; EINTR: a signal.
-		if (errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR)) && tries < 16 {
-			continue
-		}
-		if err != nil {
-			return -1, os.NewSyscallError("openat2", err)
-		}
-		return fd, nil
-	}
-}
-
 // classify marks resolution failures caused by the image as
 // ErrInvalidArgument: escaping the root (EXDEV), symlink loops or magic
 // links (ELOOP), a non-directory used as a directory (ENOTDIR), a name too
@@ -98,42 +79,12 @@ func classify(err error) error {
 	return err
 }
 
-// removeAt deletes name in dirfd and, if it is a directory, everything in
-// it. Symlinks are removed, never followed. A missing name is no error.
-func removeAt(dirfd int, name string) error {
-	err := unix.Unlinkat(dirfd, name, 0)
-	if err == nil || errors.Is(err, unix.ENOENT) {
-		return nil
-	}
-	if !errors.Is(err, unix.EISDIR) {
-		return os.NewSyscallError("unlinkat", err)
-	}
-	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return os.NewSyscallError("openat", err)
-	}
-	names, err := readDirNames(fd)
-	if err == nil {
-		for _, n := range names {
-			if err = removeAt(fd, n); err != nil {
-				break
-			}
-		}
-	}
-	unix.Close(fd)
-	if err != nil {
-		return err
-	}
-	return os.NewSyscallError("unlinkat", unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR))
+// openBeneath opens directory rel under dirfd: no step may leave it.
+func openBeneath(dirfd int, rel string) (int, error) {
+	return fsat.OpenBeneath(dirfd, rel, unix.RESOLVE_NO_MAGICLINKS)
 }
 
-// readDirNames lists the directory fd (which stays open) without "." and "..".
-func readDirNames(fd int) ([]string, error) {
-	dup, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, os.NewSyscallError("openat", err)
-	}
-	f := os.NewFile(uintptr(dup), ".")
-	defer f.Close()
-	return f.Readdirnames(-1)
-}
+var (
+	readDirNames = fsat.ReadDirNames
+	removeAt     = fsat.RemoveAt
+)

@@ -3,9 +3,9 @@ package layer
 import (
 	"errors"
 	"fmt"
+	"github.com/hutch-dev/hutch/internal/fsat"
 	"io"
 	"os"
-	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -28,27 +28,6 @@ func openNoATime(dirfd int, name string, flags int) (int, error) {
 		}
 		if err != nil {
 			return -1, os.NewSyscallError("openat", err)
-		}
-		return fd, nil
-	}
-}
-
-// openBeneath opens the directory rel under root with openat2: no step may
-// leave root (RESOLVE_BENEATH) or go through any symlink at all, since a
-// tree unpacked here never needs one to reach its own directories.
-func openBeneath(root int, rel string) (int, error) {
-	how := unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
-	}
-	for tries := 0; ; tries++ {
-		fd, err := unix.Openat2(root, rel, &how)
-		// EAGAIN: a concurrent rename raced a ".." step; EINTR: a signal.
-		if (errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR)) && tries < 16 {
-			continue
-		}
-		if err != nil {
-			return -1, os.NewSyscallError("openat2", err)
 		}
 		return fd, nil
 	}
@@ -80,49 +59,17 @@ func classify(err error) error {
 	return err
 }
 
-// readDirNames lists the directory fd (which stays open and is read from
-// the start) in byte order, without "." and "..".
-func readDirNames(fd int) ([]string, error) {
-	dup, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, os.NewSyscallError("openat", err)
-	}
-	f := os.NewFile(uintptr(dup), ".")
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return nil, err
-	}
-	slices.Sort(names)
-	return names, nil
+// openBeneath opens the directory rel under root: no step may leave root
+// or go through any symlink at all, since a tree unpacked here never needs
+// one to reach its own directories.
+func openBeneath(root int, rel string) (int, error) {
+	return fsat.OpenBeneath(root, rel, unix.RESOLVE_NO_SYMLINKS|unix.RESOLVE_NO_MAGICLINKS|unix.RESOLVE_NO_XDEV)
 }
 
-// removeAt deletes name in dirfd and, if it is a directory, everything in
-// it. Symlinks are removed, never followed. A missing name is no error.
-func removeAt(dirfd int, name string) error {
-	err := unix.Unlinkat(dirfd, name, 0)
-	if err == nil || errors.Is(err, unix.ENOENT) {
-		return nil
-	}
-	if !errors.Is(err, unix.EISDIR) {
-		return os.NewSyscallError("unlinkat", err)
-	}
-	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return os.NewSyscallError("openat", err)
-	}
-	names, err := readDirNames(fd)
-	for _, n := range names {
-		if err = removeAt(fd, n); err != nil {
-			break
-		}
-	}
-	unix.Close(fd)
-	if err != nil {
-		return err
-	}
-	return os.NewSyscallError("unlinkat", unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR))
-}
+var (
+	readDirNames = fsat.ReadDirNames
+	removeAt     = fsat.RemoveAt
+)
 
 // emptyDir removes everything inside the directory fd.
 func emptyDir(fd int) error {
