@@ -288,8 +288,15 @@ func (s *Server) handleExec(c *proto.Conn, req *proto.Request) {
 		_ = c.WriteJSON(proto.TResponse, proto.Response{Error: proto.ToWire(err)})
 		return
 	}
-	if !s.stream(c, p, 0) && !p.background {
+	delivered := s.stream(c, p, 0)
+	switch {
+	case !delivered && !p.background:
 		p.kill("killed")
+	case delivered && !p.background:
+		// Its client has every byte; keep the process in the table (ps
+		// shows how it ended) but not its output, which init would
+		// otherwise hold, charged to the sandbox's memory.
+		p.dropLog()
 	}
 }
 

@@ -422,10 +422,15 @@ func (p *proc) next(seq uint64, stop *bool) ([]chunk, bool, uint64) {
 	return out, p.done, p.nextSeq
 }
 
-func (p *proc) wake() {
+// dropLog frees a finished process's retained output.
+func (p *proc) dropLog() {
 	p.mu.Lock()
-	p.cond.Broadcast()
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	if !p.done {
+		return
+	}
+	p.lost += uint64(p.logBytes)
+	p.chunks, p.logBytes = nil, 0
 }
 
 func closeAll(fs []*os.File) {
