@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/hutch-dev/hutch/internal/errdefs"
@@ -48,13 +49,32 @@ type Dir struct{ root string }
 
 var _ Store = (*Dir)(nil)
 
-// NewDir opens (creating) a directory store.
+// NewDir opens (creating) a directory store. Temporary files a Put left
+// when its process died (it removes them itself otherwise) are deleted:
+// only one Dir may use a directory at a time, as one daemon does.
 func NewDir(root string) (*Dir, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
 	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if name := e.Name(); e.Type().IsRegular() && isTemp(name) {
+			if err := os.Remove(filepath.Join(root, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("blob: remove stale temporary file: %w", err)
+			}
+		}
+	}
 	return &Dir{root: root}, nil
 }
+
+// tempPrefix starts the name of every temporary file Put makes (data and
+// metadata); no key can start with it.
+const tempPrefix = ".put-"
+
+func isTemp(name string) bool { return strings.HasPrefix(name, tempPrefix) }
 
 var keyPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,200}$`)
 
@@ -71,7 +91,7 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, max int64) (Info
 	if err != nil {
 		return Info{}, err
 	}
-	tmp, err := os.CreateTemp(d.root, ".put-*")
+	tmp, err := os.CreateTemp(d.root, tempPrefix+"*")
 	if err != nil {
 		return Info{}, err
 	}
@@ -150,11 +170,21 @@ func writeMeta(path string, info Info) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), tempPrefix+"*.json")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	_, err = f.Write(raw)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+	}
+	return err
 }
 
 func syncDir(dir string) error {

@@ -50,8 +50,12 @@ type initReply struct {
 	Report InitReport `json:"report"`
 }
 
-// parkedMsg is what init sends once it is ready for its configuration.
-const parkedMsg = "parked"
+// parkedMsg is what init sends once it is ready for its configuration;
+// ackMsg is what the daemon sends once it has recorded init's report.
+const (
+	parkedMsg = "parked"
+	ackMsg    = "recorded"
+)
 
 // Fds init inherits: the agent's listening socket and the setup socket.
 const (
@@ -89,10 +93,13 @@ func InitMain() {
 	}
 	raw, _ := json.Marshal(reply)
 	_, _ = setup.Write(raw)
-	setup.Close()
 	if err != nil {
+		setup.Close()
 		os.Exit(1)
 	}
+	// Commands must not inherit the setup socket while it stays open.
+	unix.CloseOnExec(setupFd)
+	go awaitAck(setup)
 	// Signals from inside the sandbox must not end init; Notify (unlike
 	// Ignore) leaves commands with default dispositions after exec.
 	sigs := make(chan os.Signal, 8)
@@ -132,6 +139,19 @@ func closeInheritedFds() {
 			unix.Close(fd)
 		}
 	}
+}
+
+// awaitAck waits for the daemon to say it has recorded this init (its pid
+// is in the sandbox's state file, where a restarted daemon finds it). A
+// daemon that dies before that leaves a sandbox nobody can find or stop,
+// so init ends it.
+func awaitAck(setup *os.File) {
+	buf := make([]byte, 64)
+	n, err := setup.Read(buf)
+	if err != nil || string(buf[:n]) != ackMsg {
+		os.Exit(4)
+	}
+	setup.Close()
 }
 
 func readConfig(setup *os.File) (InitConfig, []int, error) {

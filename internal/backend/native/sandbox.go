@@ -166,6 +166,7 @@ func (s *sandbox) stop(ctx context.Context) error {
 	s.state.Pid, s.state.PidStart = 0, 0
 	s.mu.Unlock()
 	if _, err := os.Stat(s.dir); err == nil {
+		_ = os.Remove(filepath.Join(s.dir, frozenMark)) // nothing is left to thaw
 		return s.save()
 	}
 	return nil
@@ -207,6 +208,7 @@ func (b *Backend) adopt(st state) *sandbox {
 			s.group = g
 		}
 	}
+	s.thawLeftFreeze()
 	b.mu.Lock()
 	b.sandboxes[st.ID] = s
 	b.mu.Unlock()

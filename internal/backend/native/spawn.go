@@ -157,8 +157,8 @@ func (b *Backend) start(ctx context.Context, s *sandbox, p *parked) (err error) 
 			return fmt.Errorf("sandbox %s: agent socket: %w", st.ID, err)
 		}
 	}
+	defer p.conn.Close()
 	report, err := b.setup(ctx, st, s.dir, p.cmd.Process.Pid, p.conn)
-	p.conn.Close()
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", st.ID, err)
 	}
@@ -166,7 +166,15 @@ func (b *Backend) start(ctx context.Context, s *sandbox, p *parked) (err error) 
 	s.state.Pid, s.state.PidStart, s.state.Security, s.state.Cgroup = p.cmd.Process.Pid, p.start, &report, p.group.ID()
 	s.group, s.pidfd, s.dead, s.reason, s.lastUse = p.group, p.pidfd, p.dead, "", time.Now()
 	s.mu.Unlock()
-	return s.save()
+	if err := s.save(); err != nil {
+		return err
+	}
+	// Only now may init outlive this daemon: a restarted one finds it
+	// through the state file. Without the acknowledgement init ends itself.
+	if _, err := p.conn.Write([]byte(ackMsg)); err != nil {
+		return fmt.Errorf("sandbox %s: acknowledge init: %w", st.ID, err)
+	}
+	return nil
 }
 
 // parked is an init started in its namespaces and cgroup, waiting for its

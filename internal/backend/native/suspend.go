@@ -129,6 +129,11 @@ func (b *Backend) Snapshot(ctx context.Context, id, dst string) (backend.Archive
 // freeze freezes a running sandbox's processes for a consistent read of
 // its upper. thaw undoes it, unless the sandbox was paused before: then it
 // stays paused.
+//
+// While frozen this way the sandbox's directory holds frozenMark, which
+// thaw (or stop) removes: a daemon killed mid-read leaves it behind, and
+// the next daemon's adopt thaws the sandbox, which nothing else would (the
+// manager records no pause, so it re-pauses nothing and thaws nothing).
 func (b *Backend) freeze(id string) (s *sandbox, thaw func(), err error) {
 	if s, err = b.running(id); err != nil {
 		return nil, nil, err
@@ -139,8 +144,36 @@ func (b *Backend) freeze(id string) (s *sandbox, thaw func(), err error) {
 	if paused {
 		return s, func() {}, nil
 	}
-	if err := group.Freeze(); err != nil {
+	mark := filepath.Join(s.dir, frozenMark)
+	if err := os.WriteFile(mark, nil, 0o600); err != nil {
 		return nil, nil, fmt.Errorf("freeze: %w", err)
 	}
-	return s, func() { _ = group.Thaw() }, nil
+	if err := group.Freeze(); err != nil {
+		_ = os.Remove(mark)
+		return nil, nil, fmt.Errorf("freeze: %w", err)
+	}
+	return s, func() {
+		if group.Thaw() == nil {
+			_ = os.Remove(mark)
+		}
+	}, nil
+}
+
+// frozenMark, in a sandbox's directory, says the backend froze it for a
+// read of its own (see freeze), not for a Pause.
+const frozenMark = "frozen-for-read"
+
+// thawLeftFreeze thaws an adopted sandbox that a dead daemon froze for a
+// read of its own and never thawed.
+func (s *sandbox) thawLeftFreeze() {
+	mark := filepath.Join(s.dir, frozenMark)
+	if _, err := os.Lstat(mark); err != nil {
+		return
+	}
+	if s.group != nil && s.alive() {
+		if err := s.group.Thaw(); err != nil {
+			return // the mark stays: the next adopt tries again
+		}
+	}
+	_ = os.Remove(mark)
 }
