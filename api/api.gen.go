@@ -197,6 +197,66 @@ func (e StreamInputType) Valid() bool {
 	}
 }
 
+// Defines values for TemplateKind.
+const (
+	Recipe   TemplateKind = "recipe"
+	Snapshot TemplateKind = "snapshot"
+)
+
+// Valid indicates whether the value is a known member of the TemplateKind enum.
+func (e TemplateKind) Valid() bool {
+	switch e {
+	case Recipe:
+		return true
+	case Snapshot:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TemplateBuildEventType.
+const (
+	TemplateBuildEventTypeDone   TemplateBuildEventType = "done"
+	TemplateBuildEventTypeError  TemplateBuildEventType = "error"
+	TemplateBuildEventTypeOutput TemplateBuildEventType = "output"
+	TemplateBuildEventTypeStep   TemplateBuildEventType = "step"
+)
+
+// Valid indicates whether the value is a known member of the TemplateBuildEventType enum.
+func (e TemplateBuildEventType) Valid() bool {
+	switch e {
+	case TemplateBuildEventTypeDone:
+		return true
+	case TemplateBuildEventTypeError:
+		return true
+	case TemplateBuildEventTypeOutput:
+		return true
+	case TemplateBuildEventTypeStep:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TemplateFileEncoding.
+const (
+	TemplateFileEncodingBase64 TemplateFileEncoding = "base64"
+	TemplateFileEncodingUtf8   TemplateFileEncoding = "utf8"
+)
+
+// Valid indicates whether the value is a known member of the TemplateFileEncoding enum.
+func (e TemplateFileEncoding) Valid() bool {
+	switch e {
+	case TemplateFileEncodingBase64:
+		return true
+	case TemplateFileEncodingUtf8:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for UpdateSandboxRequestOnTimeout.
 const (
 	UpdateSandboxRequestOnTimeoutDestroy UpdateSandboxRequestOnTimeout = "destroy"
@@ -260,7 +320,7 @@ type CreateSandboxRequest struct {
 	// RetireAfter Seconds suspended until retired (archive kept, nothing else); 0 = the default (18000), -1 = never.
 	RetireAfter int `json:"retire_after,omitempty"`
 
-	// Template A template name (templates come with the lifecycle work).
+	// Template A template of the caller's: the sandbox stacks its current generation (built first if needed) on its base; env and limits add to the template's. Without id, hostname, or env, cwd and limits other than the template's, a ready sandbox of its warm pool is taken.
 	Template string `json:"template,omitempty"`
 
 	// Timeout Seconds of running time (paused and suspended time do not count) until on_timeout; 0 = none.
@@ -398,6 +458,13 @@ type FileList struct {
 	Files []FileInfo `json:"files"`
 }
 
+// ForkRequest defines model for ForkRequest.
+type ForkRequest struct {
+	Count    int               `json:"count,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
 // Health defines model for Health.
 type Health struct {
 	Backend string `json:"backend"`
@@ -450,6 +517,11 @@ type OpenTerminalRequest struct {
 	Tag  string            `json:"tag,omitempty"`
 }
 
+// PoolRequest defines model for PoolRequest.
+type PoolRequest struct {
+	Size int `json:"size"`
+}
+
 // Process defines model for Process.
 type Process struct {
 	Cmd       string      `json:"cmd"`
@@ -482,12 +554,18 @@ type ResizeRequest struct {
 
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
-	Archive     *ArchiveInfo      `json:"archive,omitempty"`
-	AutoResume  bool              `json:"auto_resume,omitempty"`
-	Base        string            `json:"base"`
-	CreatedAt   time.Time         `json:"created_at"`
-	Cwd         string            `json:"cwd,omitempty"`
-	Env         map[string]string `json:"env,omitempty"`
+	Archive    *ArchiveInfo      `json:"archive,omitempty"`
+	AutoResume bool              `json:"auto_resume,omitempty"`
+	Base       string            `json:"base"`
+	CreatedAt  time.Time         `json:"created_at"`
+	Cwd        string            `json:"cwd,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+
+	// ForkedFrom The sandbox it was forked from.
+	ForkedFrom string `json:"forked_from,omitempty"`
+
+	// Generation The template generation it was made from.
+	Generation  string            `json:"generation,omitempty"`
 	Hostname    string            `json:"hostname,omitempty"`
 	Id          string            `json:"id"`
 	IdleTimeout int               `json:"idle_timeout,omitempty"`
@@ -521,6 +599,12 @@ type SignalRequest struct {
 	Signal string `json:"signal"`
 }
 
+// SnapshotRequest defines model for SnapshotRequest.
+type SnapshotRequest struct {
+	// Template The template to make or give a new generation.
+	Template string `json:"template"`
+}
+
 // StartProcessRequest defines model for StartProcessRequest.
 type StartProcessRequest struct {
 	Cmd  string            `json:"cmd"`
@@ -550,6 +634,134 @@ type StreamInput struct {
 // StreamInputType defines model for StreamInput.Type.
 type StreamInputType string
 
+// Template defines model for Template.
+type Template struct {
+	Base      string             `json:"base"`
+	CreatedAt time.Time          `json:"created_at"`
+	Cwd       string             `json:"cwd,omitempty"`
+	Env       map[string]string  `json:"env,omitempty"`
+	Files     []TemplateFileInfo `json:"files,omitempty"`
+
+	// Generation The current generation; empty until built.
+	Generation string          `json:"generation,omitempty"`
+	Kind       TemplateKind    `json:"kind"`
+	LastBuild  *TemplateBuild  `json:"last_build,omitempty"`
+	Limits     Limits          `json:"limits,omitempty"`
+	Mounts     []TemplateMount `json:"mounts,omitempty"`
+	Name       string          `json:"name"`
+	Pool       TemplatePool    `json:"pool"`
+	Setup      []string        `json:"setup,omitempty"`
+
+	// SnapshotOf A snapshot template: the sandbox it was taken from.
+	SnapshotOf string `json:"snapshot_of,omitempty"`
+
+	// Status none (not built since it was made or changed), building, ready (its current generation is built) or failed (the last build failed).
+	Status string `json:"status"`
+
+	// Tenant Shown on the local socket, which sees every tenant's templates.
+	Tenant    string    `json:"tenant,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// TemplateKind defines model for Template.Kind.
+type TemplateKind string
+
+// TemplateBuild defines model for TemplateBuild.
+type TemplateBuild struct {
+	At         time.Time `json:"at"`
+	Error      string    `json:"error,omitempty"`
+	Generation string    `json:"generation,omitempty"`
+
+	// Log The tail of the setup commands' output, when the build failed.
+	Log string `json:"log,omitempty"`
+
+	// State ready or failed.
+	State string `json:"state"`
+}
+
+// TemplateBuildEvent defines model for TemplateBuildEvent.
+type TemplateBuildEvent struct {
+	// Cached done: it was built already.
+	Cached bool `json:"cached,omitempty"`
+
+	// Cmd step: what runs.
+	Cmd string `json:"cmd,omitempty"`
+
+	// Data output: bytes, base64.
+	Data  []byte `json:"data,omitempty"`
+	Error *Error `json:"error,omitempty"`
+
+	// Generation done: the generation now current.
+	Generation string `json:"generation,omitempty"`
+
+	// Step The setup command (1-based); 0 while files and mounts are seeded.
+	Step     int                    `json:"step,omitempty"`
+	Template *Template              `json:"template,omitempty"`
+	Type     TemplateBuildEventType `json:"type"`
+}
+
+// TemplateBuildEventType defines model for TemplateBuildEvent.Type.
+type TemplateBuildEventType string
+
+// TemplateDefinition defines model for TemplateDefinition.
+type TemplateDefinition struct {
+	// Base host (default), dir:/path or oci:/path[#ref] (the last two on the local socket only).
+	Base string `json:"base,omitempty"`
+	Cwd  string `json:"cwd,omitempty"`
+
+	// Env For the setup commands and every sandbox made from the template.
+	Env    map[string]string `json:"env,omitempty"`
+	Files  []TemplateFile    `json:"files,omitempty"`
+	Limits Limits            `json:"limits,omitempty"`
+	Mounts []TemplateMount   `json:"mounts,omitempty"`
+
+	// Setup Commands run in order with sh -c, after files and mounts are in place; the first that fails fails the build.
+	Setup []string `json:"setup,omitempty"`
+}
+
+// TemplateFile defines model for TemplateFile.
+type TemplateFile struct {
+	Content  string               `json:"content,omitempty"`
+	Encoding TemplateFileEncoding `json:"encoding,omitempty"`
+
+	// Mode Octal permission bits, default 0644.
+	Mode string `json:"mode,omitempty"`
+
+	// Path Where in the sandbox: relative paths are under /workspace, ~/ and $HOME/ are /root/. Not under /proc, /sys, /dev or /tmp.
+	Path string `json:"path"`
+}
+
+// TemplateFileEncoding defines model for TemplateFile.Encoding.
+type TemplateFileEncoding string
+
+// TemplateFileInfo defines model for TemplateFileInfo.
+type TemplateFileInfo struct {
+	Mode   string `json:"mode"`
+	Path   string `json:"path"`
+	Sha256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// TemplateList defines model for TemplateList.
+type TemplateList struct {
+	Templates []Template `json:"templates"`
+}
+
+// TemplateMount defines model for TemplateMount.
+type TemplateMount struct {
+	// Path Where the tree appears in the sandbox (~/ is /root/).
+	Path string `json:"path"`
+
+	// Source A host directory (local socket only). It is copied into the layer at build time; its listing (paths, modes, sizes, times) is part of the generation, so a changed tree makes a new one.
+	Source string `json:"source"`
+}
+
+// TemplatePool defines model for TemplatePool.
+type TemplatePool struct {
+	Ready int `json:"ready"`
+	Size  int `json:"size"`
+}
+
 // UpdateSandboxRequest defines model for UpdateSandboxRequest.
 type UpdateSandboxRequest struct {
 	AutoResume  *bool                          `json:"auto_resume,omitempty"`
@@ -570,6 +782,9 @@ type ProcessID = string
 
 // SandboxID defines model for SandboxID.
 type SandboxID = string
+
+// TemplateName defines model for TemplateName.
+type TemplateName = string
 
 // ListSandboxesParams defines parameters for ListSandboxes.
 type ListSandboxesParams struct {
@@ -681,17 +896,29 @@ type MakeDirJSONRequestBody = MkdirRequest
 // RenameFileJSONRequestBody defines body for RenameFile for application/json ContentType.
 type RenameFileJSONRequestBody = RenameRequest
 
+// ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
+type ForkSandboxJSONRequestBody = ForkRequest
+
 // StartProcessJSONRequestBody defines body for StartProcess for application/json ContentType.
 type StartProcessJSONRequestBody = StartProcessRequest
 
 // SignalProcessJSONRequestBody defines body for SignalProcess for application/json ContentType.
 type SignalProcessJSONRequestBody = SignalRequest
 
+// SnapshotSandboxJSONRequestBody defines body for SnapshotSandbox for application/json ContentType.
+type SnapshotSandboxJSONRequestBody = SnapshotRequest
+
 // OpenTerminalJSONRequestBody defines body for OpenTerminal for application/json ContentType.
 type OpenTerminalJSONRequestBody = OpenTerminalRequest
 
 // ResizeTerminalJSONRequestBody defines body for ResizeTerminal for application/json ContentType.
 type ResizeTerminalJSONRequestBody = ResizeRequest
+
+// PutTemplateJSONRequestBody defines body for PutTemplate for application/json ContentType.
+type PutTemplateJSONRequestBody = TemplateDefinition
+
+// SetTemplatePoolJSONRequestBody defines body for SetTemplatePool for application/json ContentType.
+type SetTemplatePoolJSONRequestBody = PoolRequest
 
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -931,6 +1158,22 @@ type ClientInterface interface {
 	// StatFile performs a GET /sandboxes/{id}/files/stat (the `StatFile` operationId) request.
 	StatFile(ctx context.Context, id SandboxID, params *StatFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ForkSandboxWithBody Make `count` new sandboxes that start from this one's filesystem as it is now (no processes), with
+	// its settings and the given labels and metadata. All are made or none.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandboxWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ForkSandbox Make `count` new sandboxes that start from this one's filesystem as it is now (no processes), with
+	// its settings and the given labels and metadata. All are made or none.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandbox(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PauseSandbox Freeze every process; memory stays. Pausing a paused sandbox succeeds.
 	//
 	// Corresponds with POST /sandboxes/{id}/pause (the `PauseSandbox` operationId).
@@ -986,6 +1229,26 @@ type ClientInterface interface {
 	// Corresponds with POST /sandboxes/{id}/resume (the `ResumeSandbox` operationId).
 	ResumeSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// SnapshotSandboxWithBody Freeze the sandbox's filesystem (its writable layer, processes frozen meanwhile, then running on) into
+	// a new generation of the caller's template `template`, created if missing. Sandboxes made from the
+	// template stack it over the sandbox's base and layers. A template with a recipe is not replaced
+	// (409); sandboxes from an earlier snapshot keep theirs.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /sandboxes/{id}/snapshot (the `SnapshotSandbox` operationId).
+	SnapshotSandboxWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SnapshotSandbox Freeze the sandbox's filesystem (its writable layer, processes frozen meanwhile, then running on) into
+	// a new generation of the caller's template `template`, created if missing. Sandboxes made from the
+	// template stack it over the sandbox's base and layers. A template with a recipe is not replaced
+	// (409); sandboxes from an earlier snapshot keep theirs.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /sandboxes/{id}/snapshot (the `SnapshotSandbox` operationId).
+	SnapshotSandbox(ctx context.Context, id SandboxID, body SnapshotSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// SuspendSandbox Keep the whole writable layer (every file changed anywhere in the root filesystem, not only
 	// /workspace) as an archive and let processes and memory go: they are NOT kept. Over the archive
 	// size cap the suspend fails with resource_exhausted and the sandbox runs on untouched.
@@ -1019,6 +1282,58 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /sandboxes/{id}/terminals/{process}/ws (the `TerminalWebSocket` operationId).
 	TerminalWebSocket(ctx context.Context, id SandboxID, process ProcessID, params *TerminalWebSocketParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListTemplates The caller's templates by name (on the local socket, every tenant's).
+	//
+	// Corresponds with GET /templates (the `ListTemplates` operationId).
+	ListTemplates(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteTemplate Delete a template and empty its pool. Sandboxes made from it keep their layers.
+	//
+	// Corresponds with DELETE /templates/{name} (the `DeleteTemplate` operationId).
+	DeleteTemplate(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTemplate performs a GET /templates/{name} (the `GetTemplate` operationId) request.
+	GetTemplate(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutTemplateWithBody Create or replace a template. Nothing is built yet: the first create from it (or a build) does. A
+	// changed recipe makes a new generation; sandboxes from the old one keep it. The pool size stays.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /templates/{name} (the `PutTemplate` operationId).
+	PutTemplateWithBody(ctx context.Context, name TemplateName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutTemplate Create or replace a template. Nothing is built yet: the first create from it (or a build) does. A
+	// changed recipe makes a new generation; sandboxes from the old one keep it. The pool size stays.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /templates/{name} (the `PutTemplate` operationId).
+	PutTemplate(ctx context.Context, name TemplateName, body PutTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// BuildTemplate Build the template's current generation unless it is built, or join the build under way, streaming
+	// its steps and the setup commands' output as NDJSON TemplateBuildEvents that end with a done or an
+	// error event. Hanging up does not stop the build.
+	//
+	// Corresponds with POST /templates/{name}/build (the `BuildTemplate` operationId).
+	BuildTemplate(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetTemplatePoolWithBody Keep `size` sandboxes of the template made ahead, running and owned by no tenant; a create from the
+	// template that asks for no other env, cwd, limits, hostname or id takes one at once. 0 empties the pool.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /templates/{name}/pool (the `SetTemplatePool` operationId).
+	SetTemplatePoolWithBody(ctx context.Context, name TemplateName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetTemplatePool Keep `size` sandboxes of the template made ahead, running and owned by no tenant; a create from the
+	// template that asks for no other env, cwd, limits, hostname or id takes one at once. 0 empties the pool.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /templates/{name}/pool (the `SetTemplatePool` operationId).
+	SetTemplatePool(ctx context.Context, name TemplateName, body SetTemplatePoolJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // Health Liveness and build facts.
@@ -1485,6 +1800,42 @@ func (c *Client) StatFile(ctx context.Context, id SandboxID, params *StatFilePar
 	return c.Client.Do(req)
 }
 
+// ForkSandboxWithBody Make `count` new sandboxes that start from this one's filesystem as it is now (no processes), with
+// its settings and the given labels and metadata. All are made or none.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *Client) ForkSandboxWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewForkSandboxRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ForkSandbox Make `count` new sandboxes that start from this one's filesystem as it is now (no processes), with
+// its settings and the given labels and metadata. All are made or none.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *Client) ForkSandbox(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewForkSandboxRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // PauseSandbox Freeze every process; memory stays. Pausing a paused sandbox succeeds.
 //
 // Corresponds with POST /sandboxes/{id}/pause (the `PauseSandbox` operationId).
@@ -1650,6 +2001,46 @@ func (c *Client) ResumeSandbox(ctx context.Context, id SandboxID, reqEditors ...
 	return c.Client.Do(req)
 }
 
+// SnapshotSandboxWithBody Freeze the sandbox's filesystem (its writable layer, processes frozen meanwhile, then running on) into
+// a new generation of the caller's template `template`, created if missing. Sandboxes made from the
+// template stack it over the sandbox's base and layers. A template with a recipe is not replaced
+// (409); sandboxes from an earlier snapshot keep theirs.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /sandboxes/{id}/snapshot (the `SnapshotSandbox` operationId).
+func (c *Client) SnapshotSandboxWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSnapshotSandboxRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SnapshotSandbox Freeze the sandbox's filesystem (its writable layer, processes frozen meanwhile, then running on) into
+// a new generation of the caller's template `template`, created if missing. Sandboxes made from the
+// template stack it over the sandbox's base and layers. A template with a recipe is not replaced
+// (409); sandboxes from an earlier snapshot keep theirs.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /sandboxes/{id}/snapshot (the `SnapshotSandbox` operationId).
+func (c *Client) SnapshotSandbox(ctx context.Context, id SandboxID, body SnapshotSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSnapshotSandboxRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // SuspendSandbox Keep the whole writable layer (every file changed anywhere in the root filesystem, not only
 // /workspace) as an archive and let processes and memory go: they are NOT kept. Over the archive
 // size cap the suspend fails with resource_exhausted and the sandbox runs on untouched.
@@ -1734,6 +2125,138 @@ func (c *Client) ResizeTerminal(ctx context.Context, id SandboxID, process Proce
 // Corresponds with GET /sandboxes/{id}/terminals/{process}/ws (the `TerminalWebSocket` operationId).
 func (c *Client) TerminalWebSocket(ctx context.Context, id SandboxID, process ProcessID, params *TerminalWebSocketParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewTerminalWebSocketRequest(c.Server, id, process, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListTemplates The caller's templates by name (on the local socket, every tenant's).
+//
+// Corresponds with GET /templates (the `ListTemplates` operationId).
+func (c *Client) ListTemplates(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListTemplatesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteTemplate Delete a template and empty its pool. Sandboxes made from it keep their layers.
+//
+// Corresponds with DELETE /templates/{name} (the `DeleteTemplate` operationId).
+func (c *Client) DeleteTemplate(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteTemplateRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetTemplate performs a GET /templates/{name} (the `GetTemplate` operationId) request.
+func (c *Client) GetTemplate(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTemplateRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutTemplateWithBody Create or replace a template. Nothing is built yet: the first create from it (or a build) does. A
+// changed recipe makes a new generation; sandboxes from the old one keep it. The pool size stays.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /templates/{name} (the `PutTemplate` operationId).
+func (c *Client) PutTemplateWithBody(ctx context.Context, name TemplateName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutTemplateRequestWithBody(c.Server, name, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutTemplate Create or replace a template. Nothing is built yet: the first create from it (or a build) does. A
+// changed recipe makes a new generation; sandboxes from the old one keep it. The pool size stays.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /templates/{name} (the `PutTemplate` operationId).
+func (c *Client) PutTemplate(ctx context.Context, name TemplateName, body PutTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutTemplateRequest(c.Server, name, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// BuildTemplate Build the template's current generation unless it is built, or join the build under way, streaming
+// its steps and the setup commands' output as NDJSON TemplateBuildEvents that end with a done or an
+// error event. Hanging up does not stop the build.
+//
+// Corresponds with POST /templates/{name}/build (the `BuildTemplate` operationId).
+func (c *Client) BuildTemplate(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewBuildTemplateRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetTemplatePoolWithBody Keep `size` sandboxes of the template made ahead, running and owned by no tenant; a create from the
+// template that asks for no other env, cwd, limits, hostname or id takes one at once. 0 empties the pool.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /templates/{name}/pool (the `SetTemplatePool` operationId).
+func (c *Client) SetTemplatePoolWithBody(ctx context.Context, name TemplateName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetTemplatePoolRequestWithBody(c.Server, name, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetTemplatePool Keep `size` sandboxes of the template made ahead, running and owned by no tenant; a create from the
+// template that asks for no other env, cwd, limits, hostname or id takes one at once. 0 empties the pool.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /templates/{name}/pool (the `SetTemplatePool` operationId).
+func (c *Client) SetTemplatePool(ctx context.Context, name TemplateName, body SetTemplatePoolJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetTemplatePoolRequest(c.Server, name, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2869,6 +3392,53 @@ func NewStatFileRequest(server string, id SandboxID, params *StatFileParams) (*h
 	return req, nil
 }
 
+// NewForkSandboxRequest calls the generic ForkSandbox builder with application/json body
+func NewForkSandboxRequest(server string, id SandboxID, body ForkSandboxJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewForkSandboxRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewForkSandboxRequestWithBody constructs an http.Request for the ForkSandbox method, with any body, and a specified content type
+func NewForkSandboxRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/fork", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewPauseSandboxRequest constructs an http.Request for the PauseSandbox method
 func NewPauseSandboxRequest(server string, id SandboxID) (*http.Request, error) {
 	var err error
@@ -3319,6 +3889,53 @@ func NewResumeSandboxRequest(server string, id SandboxID) (*http.Request, error)
 	return req, nil
 }
 
+// NewSnapshotSandboxRequest calls the generic SnapshotSandbox builder with application/json body
+func NewSnapshotSandboxRequest(server string, id SandboxID, body SnapshotSandboxJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSnapshotSandboxRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewSnapshotSandboxRequestWithBody constructs an http.Request for the SnapshotSandbox method, with any body, and a specified content type
+func NewSnapshotSandboxRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/snapshot", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewSuspendSandboxRequest constructs an http.Request for the SuspendSandbox method
 func NewSuspendSandboxRequest(server string, id SandboxID) (*http.Request, error) {
 	var err error
@@ -3518,6 +4135,229 @@ func NewTerminalWebSocketRequest(server string, id SandboxID, process ProcessID,
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewListTemplatesRequest constructs an http.Request for the ListTemplates method
+func NewListTemplatesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewDeleteTemplateRequest constructs an http.Request for the DeleteTemplate method
+func NewDeleteTemplateRequest(server string, name TemplateName) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetTemplateRequest constructs an http.Request for the GetTemplate method
+func NewGetTemplateRequest(server string, name TemplateName) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutTemplateRequest calls the generic PutTemplate builder with application/json body
+func NewPutTemplateRequest(server string, name TemplateName, body PutTemplateJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPutTemplateRequestWithBody(server, name, "application/json", bodyReader)
+}
+
+// NewPutTemplateRequestWithBody constructs an http.Request for the PutTemplate method, with any body, and a specified content type
+func NewPutTemplateRequestWithBody(server string, name TemplateName, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewBuildTemplateRequest constructs an http.Request for the BuildTemplate method
+func NewBuildTemplateRequest(server string, name TemplateName) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s/build", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewSetTemplatePoolRequest calls the generic SetTemplatePool builder with application/json body
+func NewSetTemplatePoolRequest(server string, name TemplateName, body SetTemplatePoolJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSetTemplatePoolRequestWithBody(server, name, "application/json", bodyReader)
+}
+
+// NewSetTemplatePoolRequestWithBody constructs an http.Request for the SetTemplatePool method, with any body, and a specified content type
+func NewSetTemplatePoolRequestWithBody(server string, name TemplateName, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s/pool", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -3760,6 +4600,22 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	StatFileWithResponse(ctx context.Context, id SandboxID, params *StatFileParams, reqEditors ...RequestEditorFn) (*StatFileResponse, error)
 
+	// ForkSandboxWithBodyWithResponse Make `count` new sandboxes that start from this one's filesystem as it is now (no processes), with
+	// its settings and the given labels and metadata. All are made or none.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandboxWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
+
+	// ForkSandboxWithResponse Make `count` new sandboxes that start from this one's filesystem as it is now (no processes), with
+	// its settings and the given labels and metadata. All are made or none.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandboxWithResponse(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
+
 	// PauseSandboxWithResponse Freeze every process; memory stays. Pausing a paused sandbox succeeds.
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -3829,6 +4685,26 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /sandboxes/{id}/resume (the `ResumeSandbox` operationId).
 	ResumeSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ResumeSandboxResponse, error)
 
+	// SnapshotSandboxWithBodyWithResponse Freeze the sandbox's filesystem (its writable layer, processes frozen meanwhile, then running on) into
+	// a new generation of the caller's template `template`, created if missing. Sandboxes made from the
+	// template stack it over the sandbox's base and layers. A template with a recipe is not replaced
+	// (409); sandboxes from an earlier snapshot keep theirs.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /sandboxes/{id}/snapshot (the `SnapshotSandbox` operationId).
+	SnapshotSandboxWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SnapshotSandboxResponse, error)
+
+	// SnapshotSandboxWithResponse Freeze the sandbox's filesystem (its writable layer, processes frozen meanwhile, then running on) into
+	// a new generation of the caller's template `template`, created if missing. Sandboxes made from the
+	// template stack it over the sandbox's base and layers. A template with a recipe is not replaced
+	// (409); sandboxes from an earlier snapshot keep theirs.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /sandboxes/{id}/snapshot (the `SnapshotSandbox` operationId).
+	SnapshotSandboxWithResponse(ctx context.Context, id SandboxID, body SnapshotSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*SnapshotSandboxResponse, error)
+
 	// SuspendSandboxWithResponse Keep the whole writable layer (every file changed anywhere in the root filesystem, not only
 	// /workspace) as an archive and let processes and memory go: they are NOT kept. Over the archive
 	// size cap the suspend fails with resource_exhausted and the sandbox runs on untouched.
@@ -3868,6 +4744,66 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /sandboxes/{id}/terminals/{process}/ws (the `TerminalWebSocket` operationId).
 	TerminalWebSocketWithResponse(ctx context.Context, id SandboxID, process ProcessID, params *TerminalWebSocketParams, reqEditors ...RequestEditorFn) (*TerminalWebSocketResponse, error)
+
+	// ListTemplatesWithResponse The caller's templates by name (on the local socket, every tenant's).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /templates (the `ListTemplates` operationId).
+	ListTemplatesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListTemplatesResponse, error)
+
+	// DeleteTemplateWithResponse Delete a template and empty its pool. Sandboxes made from it keep their layers.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /templates/{name} (the `DeleteTemplate` operationId).
+	DeleteTemplateWithResponse(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*DeleteTemplateResponse, error)
+
+	// GetTemplateWithResponse performs a GET /templates/{name} (the `GetTemplate` operationId) request.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	GetTemplateWithResponse(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*GetTemplateResponse, error)
+
+	// PutTemplateWithBodyWithResponse Create or replace a template. Nothing is built yet: the first create from it (or a build) does. A
+	// changed recipe makes a new generation; sandboxes from the old one keep it. The pool size stays.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /templates/{name} (the `PutTemplate` operationId).
+	PutTemplateWithBodyWithResponse(ctx context.Context, name TemplateName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutTemplateResponse, error)
+
+	// PutTemplateWithResponse Create or replace a template. Nothing is built yet: the first create from it (or a build) does. A
+	// changed recipe makes a new generation; sandboxes from the old one keep it. The pool size stays.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /templates/{name} (the `PutTemplate` operationId).
+	PutTemplateWithResponse(ctx context.Context, name TemplateName, body PutTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*PutTemplateResponse, error)
+
+	// BuildTemplateWithResponse Build the template's current generation unless it is built, or join the build under way, streaming
+	// its steps and the setup commands' output as NDJSON TemplateBuildEvents that end with a done or an
+	// error event. Hanging up does not stop the build.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /templates/{name}/build (the `BuildTemplate` operationId).
+	BuildTemplateWithResponse(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*BuildTemplateResponse, error)
+
+	// SetTemplatePoolWithBodyWithResponse Keep `size` sandboxes of the template made ahead, running and owned by no tenant; a create from the
+	// template that asks for no other env, cwd, limits, hostname or id takes one at once. 0 empties the pool.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /templates/{name}/pool (the `SetTemplatePool` operationId).
+	SetTemplatePoolWithBodyWithResponse(ctx context.Context, name TemplateName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetTemplatePoolResponse, error)
+
+	// SetTemplatePoolWithResponse Keep `size` sandboxes of the template made ahead, running and owned by no tenant; a create from the
+	// template that asks for no other env, cwd, limits, hostname or id takes one at once. 0 empties the pool.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /templates/{name}/pool (the `SetTemplatePool` operationId).
+	SetTemplatePoolWithResponse(ctx context.Context, name TemplateName, body SetTemplatePoolJSONRequestBody, reqEditors ...RequestEditorFn) (*SetTemplatePoolResponse, error)
 }
 
 type HealthResponse struct {
@@ -4911,6 +5847,54 @@ func (r StatFileResponse) ContentType() string {
 	return ""
 }
 
+type ForkSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *SandboxList
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r ForkSandboxResponse) GetJSON201() *SandboxList {
+	return r.JSON201
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ForkSandboxResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ForkSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ForkSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ForkSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ForkSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type PauseSandboxResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5322,6 +6306,54 @@ func (r ResumeSandboxResponse) ContentType() string {
 	return ""
 }
 
+type SnapshotSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Template
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r SnapshotSandboxResponse) GetJSON201() *Template {
+	return r.JSON201
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r SnapshotSandboxResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r SnapshotSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SnapshotSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SnapshotSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SnapshotSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type SuspendSandboxResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5494,6 +6526,280 @@ func (r TerminalWebSocketResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r TerminalWebSocketResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ListTemplatesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *TemplateList
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListTemplatesResponse) GetJSON200() *TemplateList {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ListTemplatesResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ListTemplatesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListTemplatesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListTemplatesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListTemplatesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeleteTemplateResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r DeleteTemplateResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteTemplateResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteTemplateResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteTemplateResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteTemplateResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetTemplateResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Template
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetTemplateResponse) GetJSON200() *Template {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r GetTemplateResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetTemplateResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTemplateResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTemplateResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetTemplateResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PutTemplateResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Template
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutTemplateResponse) GetJSON200() *Template {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r PutTemplateResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r PutTemplateResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutTemplateResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutTemplateResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutTemplateResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type BuildTemplateResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r BuildTemplateResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r BuildTemplateResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r BuildTemplateResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r BuildTemplateResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r BuildTemplateResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type SetTemplatePoolResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Template
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SetTemplatePoolResponse) GetJSON200() *Template {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r SetTemplatePoolResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r SetTemplatePoolResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SetTemplatePoolResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SetTemplatePoolResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SetTemplatePoolResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -5874,6 +7180,34 @@ func (c *ClientWithResponses) StatFileWithResponse(ctx context.Context, id Sandb
 	return ParseStatFileResponse(rsp)
 }
 
+// ForkSandboxWithBodyWithResponse Make `count` new sandboxes that start from this one's filesystem as it is now (no processes), with
+// its settings and the given labels and metadata. All are made or none.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *ClientWithResponses) ForkSandboxWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error) {
+	rsp, err := c.ForkSandboxWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseForkSandboxResponse(rsp)
+}
+
+// ForkSandboxWithResponse Make `count` new sandboxes that start from this one's filesystem as it is now (no processes), with
+// its settings and the given labels and metadata. All are made or none.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *ClientWithResponses) ForkSandboxWithResponse(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error) {
+	rsp, err := c.ForkSandbox(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseForkSandboxResponse(rsp)
+}
+
 // PauseSandboxWithResponse Freeze every process; memory stays. Pausing a paused sandbox succeeds.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -6009,6 +7343,38 @@ func (c *ClientWithResponses) ResumeSandboxWithResponse(ctx context.Context, id 
 	return ParseResumeSandboxResponse(rsp)
 }
 
+// SnapshotSandboxWithBodyWithResponse Freeze the sandbox's filesystem (its writable layer, processes frozen meanwhile, then running on) into
+// a new generation of the caller's template `template`, created if missing. Sandboxes made from the
+// template stack it over the sandbox's base and layers. A template with a recipe is not replaced
+// (409); sandboxes from an earlier snapshot keep theirs.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /sandboxes/{id}/snapshot (the `SnapshotSandbox` operationId).
+func (c *ClientWithResponses) SnapshotSandboxWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SnapshotSandboxResponse, error) {
+	rsp, err := c.SnapshotSandboxWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSnapshotSandboxResponse(rsp)
+}
+
+// SnapshotSandboxWithResponse Freeze the sandbox's filesystem (its writable layer, processes frozen meanwhile, then running on) into
+// a new generation of the caller's template `template`, created if missing. Sandboxes made from the
+// template stack it over the sandbox's base and layers. A template with a recipe is not replaced
+// (409); sandboxes from an earlier snapshot keep theirs.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /sandboxes/{id}/snapshot (the `SnapshotSandbox` operationId).
+func (c *ClientWithResponses) SnapshotSandboxWithResponse(ctx context.Context, id SandboxID, body SnapshotSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*SnapshotSandboxResponse, error) {
+	rsp, err := c.SnapshotSandbox(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSnapshotSandboxResponse(rsp)
+}
+
 // SuspendSandboxWithResponse Keep the whole writable layer (every file changed anywhere in the root filesystem, not only
 // /workspace) as an archive and let processes and memory go: they are NOT kept. Over the archive
 // size cap the suspend fails with resource_exhausted and the sandbox runs on untouched.
@@ -6083,6 +7449,114 @@ func (c *ClientWithResponses) TerminalWebSocketWithResponse(ctx context.Context,
 		return nil, err
 	}
 	return ParseTerminalWebSocketResponse(rsp)
+}
+
+// ListTemplatesWithResponse The caller's templates by name (on the local socket, every tenant's).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /templates (the `ListTemplates` operationId).
+func (c *ClientWithResponses) ListTemplatesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListTemplatesResponse, error) {
+	rsp, err := c.ListTemplates(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListTemplatesResponse(rsp)
+}
+
+// DeleteTemplateWithResponse Delete a template and empty its pool. Sandboxes made from it keep their layers.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /templates/{name} (the `DeleteTemplate` operationId).
+func (c *ClientWithResponses) DeleteTemplateWithResponse(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*DeleteTemplateResponse, error) {
+	rsp, err := c.DeleteTemplate(ctx, name, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteTemplateResponse(rsp)
+}
+
+// GetTemplateWithResponse performs a GET /templates/{name} (the `GetTemplate` operationId) request.
+//
+// Returns a wrapper object for the known response body format(s).
+func (c *ClientWithResponses) GetTemplateWithResponse(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*GetTemplateResponse, error) {
+	rsp, err := c.GetTemplate(ctx, name, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTemplateResponse(rsp)
+}
+
+// PutTemplateWithBodyWithResponse Create or replace a template. Nothing is built yet: the first create from it (or a build) does. A
+// changed recipe makes a new generation; sandboxes from the old one keep it. The pool size stays.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /templates/{name} (the `PutTemplate` operationId).
+func (c *ClientWithResponses) PutTemplateWithBodyWithResponse(ctx context.Context, name TemplateName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutTemplateResponse, error) {
+	rsp, err := c.PutTemplateWithBody(ctx, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutTemplateResponse(rsp)
+}
+
+// PutTemplateWithResponse Create or replace a template. Nothing is built yet: the first create from it (or a build) does. A
+// changed recipe makes a new generation; sandboxes from the old one keep it. The pool size stays.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /templates/{name} (the `PutTemplate` operationId).
+func (c *ClientWithResponses) PutTemplateWithResponse(ctx context.Context, name TemplateName, body PutTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*PutTemplateResponse, error) {
+	rsp, err := c.PutTemplate(ctx, name, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutTemplateResponse(rsp)
+}
+
+// BuildTemplateWithResponse Build the template's current generation unless it is built, or join the build under way, streaming
+// its steps and the setup commands' output as NDJSON TemplateBuildEvents that end with a done or an
+// error event. Hanging up does not stop the build.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /templates/{name}/build (the `BuildTemplate` operationId).
+func (c *ClientWithResponses) BuildTemplateWithResponse(ctx context.Context, name TemplateName, reqEditors ...RequestEditorFn) (*BuildTemplateResponse, error) {
+	rsp, err := c.BuildTemplate(ctx, name, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseBuildTemplateResponse(rsp)
+}
+
+// SetTemplatePoolWithBodyWithResponse Keep `size` sandboxes of the template made ahead, running and owned by no tenant; a create from the
+// template that asks for no other env, cwd, limits, hostname or id takes one at once. 0 empties the pool.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /templates/{name}/pool (the `SetTemplatePool` operationId).
+func (c *ClientWithResponses) SetTemplatePoolWithBodyWithResponse(ctx context.Context, name TemplateName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetTemplatePoolResponse, error) {
+	rsp, err := c.SetTemplatePoolWithBody(ctx, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetTemplatePoolResponse(rsp)
+}
+
+// SetTemplatePoolWithResponse Keep `size` sandboxes of the template made ahead, running and owned by no tenant; a create from the
+// template that asks for no other env, cwd, limits, hostname or id takes one at once. 0 empties the pool.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /templates/{name}/pool (the `SetTemplatePool` operationId).
+func (c *ClientWithResponses) SetTemplatePoolWithResponse(ctx context.Context, name TemplateName, body SetTemplatePoolJSONRequestBody, reqEditors ...RequestEditorFn) (*SetTemplatePoolResponse, error) {
+	rsp, err := c.SetTemplatePool(ctx, name, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetTemplatePoolResponse(rsp)
 }
 
 // ParseHealthResponse parses an HTTP response from a HealthWithResponse call
@@ -6793,6 +8267,39 @@ func ParseStatFileResponse(rsp *http.Response) (*StatFileResponse, error) {
 	return response, nil
 }
 
+// ParseForkSandboxResponse parses an HTTP response from a ForkSandboxWithResponse call
+func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ForkSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest SandboxList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParsePauseSandboxResponse parses an HTTP response from a PauseSandboxWithResponse call
 func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -7075,6 +8582,39 @@ func ParseResumeSandboxResponse(rsp *http.Response) (*ResumeSandboxResponse, err
 	return response, nil
 }
 
+// ParseSnapshotSandboxResponse parses an HTTP response from a SnapshotSandboxWithResponse call
+func ParseSnapshotSandboxResponse(rsp *http.Response) (*SnapshotSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SnapshotSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Template
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseSuspendSandboxResponse parses an HTTP response from a SuspendSandboxWithResponse call
 func ParseSuspendSandboxResponse(rsp *http.Response) (*SuspendSandboxResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -7199,6 +8739,193 @@ func ParseTerminalWebSocketResponse(rsp *http.Response) (*TerminalWebSocketRespo
 	return response, nil
 }
 
+// ParseListTemplatesResponse parses an HTTP response from a ListTemplatesWithResponse call
+func ParseListTemplatesResponse(rsp *http.Response) (*ListTemplatesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListTemplatesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteTemplateResponse parses an HTTP response from a DeleteTemplateWithResponse call
+func ParseDeleteTemplateResponse(rsp *http.Response) (*DeleteTemplateResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteTemplateResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetTemplateResponse parses an HTTP response from a GetTemplateWithResponse call
+func ParseGetTemplateResponse(rsp *http.Response) (*GetTemplateResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTemplateResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Template
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePutTemplateResponse parses an HTTP response from a PutTemplateWithResponse call
+func ParsePutTemplateResponse(rsp *http.Response) (*PutTemplateResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutTemplateResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Template
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseBuildTemplateResponse parses an HTTP response from a BuildTemplateWithResponse call
+func ParseBuildTemplateResponse(rsp *http.Response) (*BuildTemplateResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &BuildTemplateResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseSetTemplatePoolResponse parses an HTTP response from a SetTemplatePoolWithResponse call
+func ParseSetTemplatePoolResponse(rsp *http.Response) (*SetTemplatePoolResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SetTemplatePoolResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Template
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// Health Liveness and build facts.
@@ -7270,6 +8997,10 @@ type ServerInterface interface {
 
 	// (GET /sandboxes/{id}/files/stat)
 	StatFile(w http.ResponseWriter, r *http.Request, id SandboxID, params StatFileParams)
+	// ForkSandbox Make `count` new sandboxes that start from this one's filesystem as it is now (no processes), with
+	// its settings and the given labels and metadata. All are made or none.
+	// (POST /sandboxes/{id}/fork)
+	ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// PauseSandbox Freeze every process; memory stays. Pausing a paused sandbox succeeds.
 	// (POST /sandboxes/{id}/pause)
 	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -7297,6 +9028,12 @@ type ServerInterface interface {
 	// ResumeSandbox Bring a paused, suspended or retired sandbox back to running (its configured timers kept).
 	// (POST /sandboxes/{id}/resume)
 	ResumeSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// SnapshotSandbox Freeze the sandbox's filesystem (its writable layer, processes frozen meanwhile, then running on) into
+	// a new generation of the caller's template `template`, created if missing. Sandboxes made from the
+	// template stack it over the sandbox's base and layers. A template with a recipe is not replaced
+	// (409); sandboxes from an earlier snapshot keep theirs.
+	// (POST /sandboxes/{id}/snapshot)
+	SnapshotSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// SuspendSandbox Keep the whole writable layer (every file changed anywhere in the root filesystem, not only
 	// /workspace) as an archive and let processes and memory go: they are NOT kept. Over the archive
 	// size cap the suspend fails with resource_exhausted and the sandbox runs on untouched.
@@ -7311,6 +9048,28 @@ type ServerInterface interface {
 	// TerminalWebSocket Attach to a terminal; the first frames replay up to scrollback bytes of recent output.
 	// (GET /sandboxes/{id}/terminals/{process}/ws)
 	TerminalWebSocket(w http.ResponseWriter, r *http.Request, id SandboxID, process ProcessID, params TerminalWebSocketParams)
+	// ListTemplates The caller's templates by name (on the local socket, every tenant's).
+	// (GET /templates)
+	ListTemplates(w http.ResponseWriter, r *http.Request)
+	// DeleteTemplate Delete a template and empty its pool. Sandboxes made from it keep their layers.
+	// (DELETE /templates/{name})
+	DeleteTemplate(w http.ResponseWriter, r *http.Request, name TemplateName)
+
+	// (GET /templates/{name})
+	GetTemplate(w http.ResponseWriter, r *http.Request, name TemplateName)
+	// PutTemplate Create or replace a template. Nothing is built yet: the first create from it (or a build) does. A
+	// changed recipe makes a new generation; sandboxes from the old one keep it. The pool size stays.
+	// (PUT /templates/{name})
+	PutTemplate(w http.ResponseWriter, r *http.Request, name TemplateName)
+	// BuildTemplate Build the template's current generation unless it is built, or join the build under way, streaming
+	// its steps and the setup commands' output as NDJSON TemplateBuildEvents that end with a done or an
+	// error event. Hanging up does not stop the build.
+	// (POST /templates/{name}/build)
+	BuildTemplate(w http.ResponseWriter, r *http.Request, name TemplateName)
+	// SetTemplatePool Keep `size` sandboxes of the template made ahead, running and owned by no tenant; a create from the
+	// template that asks for no other env, cwd, limits, hostname or id takes one at once. 0 empties the pool.
+	// (PUT /templates/{name}/pool)
+	SetTemplatePool(w http.ResponseWriter, r *http.Request, name TemplateName)
 }
 
 // ServerInterfaceWrapper converts contexts to parameters.
@@ -8111,6 +9870,32 @@ func (siw *ServerInterfaceWrapper) StatFile(w http.ResponseWriter, r *http.Reque
 	handler.ServeHTTP(w, r)
 }
 
+// ForkSandbox operation middleware
+func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ForkSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // PauseSandbox operation middleware
 func (siw *ServerInterfaceWrapper) PauseSandbox(w http.ResponseWriter, r *http.Request) {
 
@@ -8451,6 +10236,32 @@ func (siw *ServerInterfaceWrapper) ResumeSandbox(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// SnapshotSandbox operation middleware
+func (siw *ServerInterfaceWrapper) SnapshotSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SnapshotSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // SuspendSandbox operation middleware
 func (siw *ServerInterfaceWrapper) SuspendSandbox(w http.ResponseWriter, r *http.Request) {
 
@@ -8580,6 +10391,150 @@ func (siw *ServerInterfaceWrapper) TerminalWebSocket(w http.ResponseWriter, r *h
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.TerminalWebSocket(w, r, id, process, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListTemplates operation middleware
+func (siw *ServerInterfaceWrapper) ListTemplates(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListTemplates(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteTemplate operation middleware
+func (siw *ServerInterfaceWrapper) DeleteTemplate(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "name" -------------
+	var name TemplateName
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", r.PathValue("name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteTemplate(w, r, name)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplate operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplate(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "name" -------------
+	var name TemplateName
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", r.PathValue("name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplate(w, r, name)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PutTemplate operation middleware
+func (siw *ServerInterfaceWrapper) PutTemplate(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "name" -------------
+	var name TemplateName
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", r.PathValue("name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PutTemplate(w, r, name)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// BuildTemplate operation middleware
+func (siw *ServerInterfaceWrapper) BuildTemplate(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "name" -------------
+	var name TemplateName
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", r.PathValue("name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.BuildTemplate(w, r, name)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// SetTemplatePool operation middleware
+func (siw *ServerInterfaceWrapper) SetTemplatePool(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "name" -------------
+	var name TemplateName
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", r.PathValue("name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetTemplatePool(w, r, name)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -8742,6 +10697,14 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/files/rename", wrapper.RenameFile)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/sandboxes/{id}/files/archive", wrapper.DownloadArchive)
 	m.HandleFunc(http.MethodPut+" "+options.BaseURL+"/sandboxes/{id}/files/archive", wrapper.UploadArchive)
+	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/snapshot", wrapper.SnapshotSandbox)
+	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/fork", wrapper.ForkSandbox)
+	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/templates", wrapper.ListTemplates)
+	m.HandleFunc(http.MethodDelete+" "+options.BaseURL+"/templates/{name}", wrapper.DeleteTemplate)
+	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/templates/{name}", wrapper.GetTemplate)
+	m.HandleFunc(http.MethodPut+" "+options.BaseURL+"/templates/{name}", wrapper.PutTemplate)
+	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/templates/{name}/build", wrapper.BuildTemplate)
+	m.HandleFunc(http.MethodPut+" "+options.BaseURL+"/templates/{name}/pool", wrapper.SetTemplatePool)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/keys", wrapper.ListKeys)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/keys", wrapper.CreateKey)
 	m.HandleFunc(http.MethodDelete+" "+options.BaseURL+"/keys/{key}", wrapper.RevokeKey)

@@ -16,15 +16,24 @@ type Sandbox struct {
 	Reason         string            `json:"reason,omitempty"` // why it is in its state (failed, destroyed)
 	Base           string            `json:"base"`
 	Template       string            `json:"template,omitempty"`
+	Generation     string            `json:"generation,omitempty"`  // the template generation it was made from
+	ForkedFrom     string            `json:"forked_from,omitempty"` // the sandbox it was forked from
 	Env            map[string]string `json:"env,omitempty"`
 	Cwd            string            `json:"cwd,omitempty"`
 	Hostname       string            `json:"hostname,omitempty"`
 	Limits         Limits            `json:"limits"`
 	Labels         map[string]string `json:"labels,omitempty"`
 	Metadata       map[string]string `json:"metadata,omitempty"`
-	TimeoutSeconds int               `json:"timeout,omitempty"` // seconds until it is destroyed; 0 = none
-	CreatedAt      time.Time         `json:"created_at"`
-	UpdatedAt      time.Time         `json:"updated_at"`
+	TimeoutSeconds int               `json:"timeout,omitempty"`    // seconds of running time until OnTimeout; 0 = none
+	OnTimeout      string            `json:"on_timeout,omitempty"` // destroy or suspend
+	// The lifecycle timers in seconds, the daemon's defaults filled in; -1 = never.
+	IdleTimeoutSeconds int           `json:"idle_timeout,omitempty"` // idle time until suspended
+	RetireAfterSeconds int           `json:"retire_after,omitempty"` // suspended time until retired
+	AutoResume         bool          `json:"auto_resume"`            // calls on a paused or suspended sandbox resume it
+	TimeUsed           time.Duration `json:"time_used"`              // running time used (what Timeout counts); seconds in JSON
+	Archive            *ArchiveInfo  `json:"archive,omitempty"`      // the kept writable layer, once suspended
+	CreatedAt          time.Time     `json:"created_at"`
+	UpdatedAt          time.Time     `json:"updated_at"`
 
 	c *Client
 }
@@ -38,9 +47,12 @@ func (c *Client) Sandbox(id string) *Sandbox { return &Sandbox{ID: id, c: c} }
 
 func (c *Client) fromAPISandbox(s api.Sandbox) Sandbox {
 	return Sandbox{ID: s.Id, State: State(s.State), Reason: s.Reason, Base: s.Base, Template: s.Template,
+		Generation: s.Generation, ForkedFrom: s.ForkedFrom,
 		Env: s.Env, Cwd: s.Cwd, Hostname: s.Hostname, Labels: s.Labels, Metadata: s.Metadata,
 		Limits:         Limits{MemoryMiB: s.Limits.MemoryMb, CPUMillis: s.Limits.CpuMillis, Pids: s.Limits.Pids},
-		TimeoutSeconds: s.Timeout, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt, c: c}
+		TimeoutSeconds: s.Timeout, OnTimeout: s.OnTimeout, IdleTimeoutSeconds: s.IdleTimeout,
+		RetireAfterSeconds: s.RetireAfter, AutoResume: s.AutoResume, TimeUsed: secondsDuration(s.TimeUsed),
+		Archive: fromAPIArchive(s.Archive), CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt, c: c}
 }
 
 // CreateOptions describe a new sandbox. The zero value is a sandbox on the
@@ -55,16 +67,28 @@ type CreateOptions struct {
 	Limits   Limits
 	Labels   map[string]string
 	Metadata map[string]string
-	// Timeout destroys the sandbox after this long (whole seconds, rounded
-	// up); 0 = never.
+	// Timeout is how long the sandbox may run (whole seconds, rounded up;
+	// paused and suspended time do not count) before OnTimeout; 0 = no limit.
 	Timeout time.Duration
+	// OnTimeout is what the timeout does: "destroy" (the default) or
+	// "suspend".
+	OnTimeout string
+	// IdleTimeout suspends the sandbox after this long idle; RetireAfter
+	// retires it (archive kept, nothing else) after this long suspended.
+	// 0 = the daemon's default (5m and 5h), negative = never.
+	IdleTimeout, RetireAfter time.Duration
+	// AutoResume says whether calls on a paused or suspended sandbox resume
+	// it first (nil = true); with false they fail with ErrConflict.
+	AutoResume *bool
 }
 
 // Create creates and starts a sandbox.
 func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) {
 	req := api.CreateSandboxRequest{Id: o.ID, Base: o.Base, Template: o.Template, Env: o.Env, Cwd: o.Cwd,
 		Hostname: o.Hostname, Labels: o.Labels, Metadata: o.Metadata, Timeout: ceilSeconds(o.Timeout),
-		Limits: api.Limits{MemoryMb: o.Limits.MemoryMiB, CpuMillis: o.Limits.CPUMillis, Pids: o.Limits.Pids}}
+		Limits:    api.Limits{MemoryMb: o.Limits.MemoryMiB, CpuMillis: o.Limits.CPUMillis, Pids: o.Limits.Pids},
+		OnTimeout: api.CreateSandboxRequestOnTimeout(o.OnTimeout), IdleTimeout: lifeSeconds(o.IdleTimeout),
+		RetireAfter: lifeSeconds(o.RetireAfter), AutoResume: o.AutoResume}
 	r, err := c.api.CreateSandboxWithResponse(ctx, req)
 	if err := c.check(r, err); err != nil {
 		return nil, err

@@ -77,6 +77,8 @@ func rootCmd(g *globals) *cobra.Command {
 	root.AddCommand(runCmd(g), serveCmd(), versionCmd(g),
 		createCmd(g), lsCmd(g), inspectCmd(g), rmCmd(g),
 		execCmd(g), shellCmd(g), cpCmd(g), psCmd(g), logsCmd(g), killCmd(g), keysCmd(g))
+	root.AddCommand(lifecycleCmds(g)...)
+	root.AddCommand(templateCmds(g)...)
 	return root
 }
 

@@ -121,7 +121,8 @@ func servingAddr(r io.Reader) (string, error) {
 func (d *testDaemon) stop(env *testscript.Env, cmd *exec.Cmd) {
 	if c, err := hutch.New("unix://"+d.socket, ""); err == nil {
 		ctx := context.Background()
-		for sb, err := range c.All(ctx, hutch.ListOptions{States: []hutch.State{hutch.StateRunning, hutch.StateFailed}}) {
+		for sb, err := range c.All(ctx, hutch.ListOptions{States: []hutch.State{hutch.StateRunning, hutch.StateFailed,
+			hutch.StatePaused, hutch.StateSuspended, hutch.StateRetired}}) {
 			if err != nil {
 				break
 			}

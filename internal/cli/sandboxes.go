@@ -32,9 +32,11 @@ func parseKV(flag string, kvs []string) (map[string]string, error) {
 
 type createFlags struct {
 	id, base, cwd, hostname string
+	template                string
 	env, labels, meta       []string
 	memory, cpu, pids       int64
 	timeout                 time.Duration
+	life                    lifecycleCreateFlags
 }
 
 func (f *createFlags) register(c *cobra.Command) {
@@ -48,8 +50,9 @@ func (f *createFlags) register(c *cobra.Command) {
 }
 
 func (f *createFlags) options() (hutch.CreateOptions, error) {
-	o := hutch.CreateOptions{ID: f.id, Base: f.base, Cwd: f.cwd, Hostname: f.hostname, Timeout: f.timeout,
+	o := hutch.CreateOptions{ID: f.id, Base: f.base, Template: f.template, Cwd: f.cwd, Hostname: f.hostname, Timeout: f.timeout,
 		Limits: hutch.Limits{MemoryMiB: f.memory, CPUMillis: f.cpu, Pids: f.pids}}
+	f.life.apply(&o)
 	var err error
 	if o.Env, err = parseKV("env", f.env); err != nil {
 		return o, err
@@ -87,9 +90,11 @@ func createCmd(g *globals) *cobra.Command {
 	fl := c.Flags()
 	fl.StringVar(&f.id, "id", "", "the sandbox's id (default: chosen by the daemon)")
 	fl.StringVar(&f.hostname, "hostname", "", "the sandbox's hostname")
+	fl.StringVar(&f.template, "template", "", "start from this template (see hutch template); a ready one of its warm pool when it has one")
 	fl.StringArrayVar(&f.labels, "label", nil, "label key=value, for filtering (repeatable)")
 	fl.StringArrayVar(&f.meta, "meta", nil, "metadata key=value (repeatable)")
-	fl.DurationVar(&f.timeout, "timeout", 0, "destroy the sandbox after this long, e.g. 30m (default: never)")
+	fl.DurationVar(&f.timeout, "timeout", 0, "running time until --on-timeout, e.g. 30m; paused and suspended time do not count (default: no limit)")
+	f.life.register(c)
 	return c
 }
 
@@ -209,6 +214,8 @@ func inspectTable(w io.Writer, sb *hutch.Sandbox) {
 	row("Reason", sb.Reason)
 	row("Base", sb.Base)
 	row("Template", sb.Template)
+	row("Generation", sb.Generation)
+	row("Forked from", sb.ForkedFrom)
 	row("Hostname", sb.Hostname)
 	row("Cwd", sb.Cwd)
 	row("Env", kvs(sb.Env))
@@ -219,6 +226,7 @@ func inspectTable(w io.Writer, sb *hutch.Sandbox) {
 	if sb.TimeoutSeconds > 0 {
 		row("Timeout", (time.Duration(sb.TimeoutSeconds) * time.Second).String())
 	}
+	lifecycleRows(row, sb)
 	row("Created", sb.CreatedAt.Local().Format(time.RFC3339))
 	row("Updated", sb.UpdatedAt.Local().Format(time.RFC3339))
 }

@@ -35,6 +35,9 @@ type Config struct {
 	ArchiveCap int64
 	// ReapInterval is how often lifecycle timers are checked (default 1s).
 	ReapInterval time.Duration
+	// PoolInterval is how often warm pools are refilled and unused
+	// template layers collected (default 2s).
+	PoolInterval time.Duration
 }
 
 // Daemon is a running daemon.
@@ -89,7 +92,8 @@ func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	}
 	srv := server.New(server.Config{Store: d.Store, Logger: cfg.Logger, Limits: cfg.Limits, Version: cfg.Version})
 	if d.Manager, err = sandbox.New(ctx, d.Store, d.Backend, sandbox.Options{Logger: cfg.Logger,
-		OnTransition: srv.Metrics(), Blobs: blobs, ArchiveCap: cfg.ArchiveCap, ReapInterval: cfg.ReapInterval}); err != nil {
+		OnTransition: srv.Metrics(), Blobs: blobs, ArchiveCap: cfg.ArchiveCap, ReapInterval: cfg.ReapInterval,
+		LayerDir: filepath.Join(cfg.DataDir, "layers"), PoolInterval: cfg.PoolInterval}); err != nil {
 		return nil, err
 	}
 	closers = append(closers, d.Manager.Close)

@@ -136,7 +136,9 @@ func (m *Manager) lastActive(id string, since time.Time) time.Time {
 	return since
 }
 
-func (m *Manager) transit(ctx context.Context, tenant, id string, want ...State) (store.Sandbox, func(), error) {
+// transit locks a sandbox for a move to target, which is allowed from the
+// states in from; any other state is a TransitionError naming target.
+func (m *Manager) transit(ctx context.Context, tenant, id string, target State, from ...State) (store.Sandbox, func(), error) {
 	rec, err := m.st.GetSandbox(ctx, tenant, id)
 	if err != nil {
 		return rec, nil, err
@@ -147,13 +149,13 @@ func (m *Manager) transit(ctx context.Context, tenant, id string, want ...State)
 		unlock()
 		return rec, nil, err
 	}
-	for _, s := range want {
+	for _, s := range from {
 		if State(rec.State) == s {
 			return rec, unlock, nil
 		}
 	}
 	unlock()
-	return rec, nil, &errdefs.TransitionError{ID: id, From: rec.State, To: string(want[len(want)-1])}
+	return rec, nil, &errdefs.TransitionError{ID: id, From: rec.State, To: string(target)}
 }
 
 // Pause freezes every process of a running sandbox; memory stays.
@@ -162,7 +164,7 @@ func (m *Manager) Pause(ctx context.Context, tenant, id string) (Sandbox, error)
 	if !ok {
 		return Sandbox{}, errdefs.New(errdefs.ErrNotImplemented, "backend %s cannot pause", m.be.Name())
 	}
-	rec, unlock, err := m.transit(ctx, tenant, id, Running)
+	rec, unlock, err := m.transit(ctx, tenant, id, Paused, Running)
 	if err != nil {
 		return m.already(ctx, rec, err, Paused)
 	}
@@ -192,7 +194,7 @@ func (m *Manager) moved(ctx context.Context, rec store.Sandbox, to State, reason
 
 // Resume brings a paused, suspended or retired sandbox back to running.
 func (m *Manager) Resume(ctx context.Context, tenant, id string) (Sandbox, error) {
-	rec, unlock, err := m.transit(ctx, tenant, id, Paused, Suspended, Retired, Running)
+	rec, unlock, err := m.transit(ctx, tenant, id, Running, Paused, Suspended, Retired, Running)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -246,7 +248,7 @@ func (m *Manager) restore(ctx context.Context, rec store.Sandbox) (Sandbox, erro
 // its processes and memory go. If the archive cannot be kept (over its
 // size cap, say), the sandbox runs on untouched and the error says why.
 func (m *Manager) Suspend(ctx context.Context, tenant, id string) (Sandbox, error) {
-	rec, unlock, err := m.transit(ctx, tenant, id, Running, Paused)
+	rec, unlock, err := m.transit(ctx, tenant, id, Suspended, Running, Paused)
 	if err != nil {
 		return m.already(ctx, rec, err, Suspended)
 	}
@@ -303,6 +305,9 @@ func (m *Manager) Update(ctx context.Context, tenant, id string, p Patch) (Sandb
 	if rec, err = m.st.GetSandbox(ctx, tenant, id); err != nil {
 		return Sandbox{}, err
 	}
+	if State(rec.State) == Destroyed {
+		return Sandbox{}, &errdefs.TransitionError{ID: id, From: rec.State, To: "updated"}
+	}
 	sb, err := fromRecord(rec)
 	if err != nil {
 		return Sandbox{}, err
@@ -344,8 +349,8 @@ func (m *Manager) OpenArchive(ctx context.Context, tenant, id string) (io.ReadCl
 	if err != nil {
 		return nil, Archive{}, err
 	}
-	if sb.Timers.Archive == nil || m.opts.Blobs == nil {
-		return nil, Archive{}, errdefs.New(errdefs.ErrNotFound, "sandbox %s has no archive (it has never been suspended)", id)
+	if sb.Timers.Archive == nil || m.opts.Blobs == nil || sb.State == Destroyed {
+		return nil, Archive{}, errdefs.New(errdefs.ErrNotFound, "sandbox %s has no archive (it was never suspended, or it was destroyed)", id)
 	}
 	r, _, err := m.opts.Blobs.Open(ctx, sb.Timers.Archive.Key)
 	return r, *sb.Timers.Archive, err

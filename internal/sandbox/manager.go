@@ -66,6 +66,16 @@ type Options struct {
 	Blobs blob.Store
 	// ArchiveCap bounds one archive, compressed (default 256 MiB).
 	ArchiveCap int64
+	// LayerDir holds template, snapshot and fork layers (DATA/layers);
+	// empty: no templates, snapshots or forks.
+	LayerDir string
+	// PoolInterval is how often warm pools are refilled and unused layers
+	// collected (default 2s); both also happen when something changes.
+	PoolInterval time.Duration
+	// BuildTimeout bounds one template build (default 30 min).
+	BuildTimeout time.Duration
+	// MaxPool bounds a template's warm pool (default 32).
+	MaxPool int
 }
 
 // Manager owns sandboxes.
@@ -78,6 +88,7 @@ type Manager struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
 	act   activity
+	tpl   *templates // nil without a LayerDir
 
 	stop func()
 	done chan struct{}
@@ -109,6 +120,17 @@ type Spec struct {
 	// NoAutoResume makes calls on a paused or suspended sandbox fail with
 	// a conflict instead of resuming it first.
 	NoAutoResume bool `json:"no_auto_resume,omitempty"`
+	// Layers are the read-only layer directories stacked on the base,
+	// lowest first: a template's generation, a fork's snapshot. The
+	// manager sets them; they keep their layers from being collected.
+	Layers []string `json:"layers,omitempty"`
+	// Generation is the template generation the sandbox was made from.
+	Generation string `json:"generation,omitempty"`
+	// ForkOf names the sandbox this one was forked from.
+	ForkOf string `json:"fork_of,omitempty"`
+	// Pool marks a sandbox kept ready in a warm pool: it belongs to no
+	// tenant until a create claims it.
+	Pool *PoolRef `json:"pool,omitempty"`
 }
 
 // Sandbox is the manager's view of one sandbox.
@@ -140,16 +162,21 @@ func New(ctx context.Context, st *store.Store, be backend.Backend, opts Options)
 	if err := m.recoverAll(ctx); err != nil {
 		return nil, err
 	}
+	if err := m.startTemplates(ctx); err != nil {
+		return nil, err
+	}
 	rctx, cancel := context.WithCancel(context.Background())
 	m.stop, m.done = cancel, make(chan struct{})
 	go m.reaper(rctx)
 	return m, nil
 }
 
-// Close stops the reaper. Sandboxes keep running.
+// Close stops the reaper, the pools' refiller and any template build.
+// Sandboxes keep running, pooled ones too.
 func (m *Manager) Close() error {
 	m.stop()
 	<-m.done
+	m.stopTemplates()
 	return nil
 }
 
@@ -178,11 +205,15 @@ func NewID() string {
 // Create records and starts a sandbox for tenant. On failure nothing is
 // left: the record goes with the half-made sandbox.
 func (m *Manager) Create(ctx context.Context, tenant string, spec Spec) (Sandbox, error) {
+	if spec.Template != "" {
+		return m.createFromTemplate(ctx, tenant, spec)
+	}
+	return m.create(ctx, tenant, spec)
+}
+
+func (m *Manager) create(ctx context.Context, tenant string, spec Spec) (Sandbox, error) {
 	if spec.ID == "" {
 		spec.ID = NewID()
-	}
-	if spec.Template != "" {
-		return Sandbox{}, fmt.Errorf("templates: %w", errdefs.ErrNotImplemented)
 	}
 	if err := checkLifecycle(spec); err != nil {
 		return Sandbox{}, err
@@ -235,7 +266,7 @@ func (m *Manager) insert(ctx context.Context, tenant string, spec Spec) (store.S
 }
 
 func backendSpec(s Spec) backend.Spec {
-	return backend.Spec{ID: s.ID, Base: s.Base, Env: s.Env, Cwd: s.Cwd, Hostname: s.Hostname, Limits: s.Limits}
+	return backend.Spec{ID: s.ID, Base: s.Base, Layers: s.Layers, Env: s.Env, Cwd: s.Cwd, Hostname: s.Hostname, Limits: s.Limits}
 }
 
 // move records a transition, refusing one the state machine forbids.
@@ -339,6 +370,7 @@ func (m *Manager) forget(ctx context.Context, rec store.Sandbox) {
 	delete(m.act.last, rec.ID)
 	delete(m.act.holds, rec.ID)
 	m.act.mu.Unlock()
+	m.kickTemplates() // its layers may be unused now
 	var t Timers
 	if json.Unmarshal(rec.Extra, &t) == nil && t.Archive != nil && m.opts.Blobs != nil {
 		if err := m.opts.Blobs.Delete(context.WithoutCancel(ctx), t.Archive.Key); err != nil {

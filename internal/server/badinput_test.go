@@ -111,7 +111,7 @@ func TestBadCreateSandbox(t *testing.T) {
 		{"tiny cpu", "POST", "/v1/sandboxes", `{"limits":{"cpu_millis":1}}`, "invalid_argument"},
 		{"overflowing memory", "POST", "/v1/sandboxes", `{"limits":{"memory_mb":9223372036854775807}}`, "invalid_argument"},
 		{"limits of the wrong type", "POST", "/v1/sandboxes", `{"limits":{"memory_mb":"1G"}}`, "invalid_argument"},
-		{"template", "POST", "/v1/sandboxes", `{"template":"python"}`, "not_implemented"},
+		{"unknown template", "POST", "/v1/sandboxes", `{"template":"python"}`, "not_found"},
 		{"unknown base scheme", "POST", "/v1/sandboxes", `{"base":"ftp://x"}`, "invalid_argument"},
 		{"missing base dir", "POST", "/v1/sandboxes", `{"base":"dir:/does/not/exist"}`, "not_found"},
 		{"labels of the wrong type", "POST", "/v1/sandboxes", `{"labels":{"a":1}}`, "invalid_argument"},

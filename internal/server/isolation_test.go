@@ -22,10 +22,11 @@ import (
 type scope int
 
 const (
-	scoped     scope = iota // takes a sandbox id: another tenant's is 404, like a missing one
-	keyAdmin                // API keys: local socket only, 403 over TCP
-	tenantWide              // acts on the caller's own tenant (create, list)
-	public                  // no key needed
+	scoped         scope = iota // takes a sandbox id: another tenant's is 404, like a missing one
+	keyAdmin                    // API keys: local socket only, 403 over TCP
+	tenantWide                  // acts on the caller's own tenant (create, list)
+	public                      // no key needed
+	templateScoped              // takes a template name: another tenant's is 404, like a missing one
 )
 
 // isoCase is one endpoint of api/openapi.yaml, with a well-formed request
@@ -108,6 +109,15 @@ func isoCases(t testing.TB) map[string]isoCase {
 			body: api.RenameRequest{From: "rename-me.txt", To: "renamed.txt"}, control: 200},
 		"downloadArchive": {method: "GET", path: "/sandboxes/{id}/files/archive", query: "path=/workspace", control: 200},
 		"uploadArchive":   {method: "PUT", path: "/sandboxes/{id}/files/archive", query: "path=unpacked", body: tarball, control: 204},
+		"snapshotSandbox": {method: "POST", path: "/sandboxes/{id}/snapshot", body: api.SnapshotRequest{Template: "iso-snap"}, control: 201},
+		"forkSandbox":     {method: "POST", path: "/sandboxes/{id}/fork", body: api.ForkRequest{Count: 1}, control: 201},
+		// Templates are per tenant: TestTemplateIsolation runs these.
+		"listTemplates":   {method: "GET", path: "/templates", scope: tenantWide, control: 200},
+		"putTemplate":     {method: "PUT", path: "/templates/{name}", body: api.TemplateDefinition{Setup: []string{"echo pwned > /pwned"}}, scope: tenantWide, control: 200},
+		"getTemplate":     {method: "GET", path: "/templates/{name}", scope: templateScoped, control: 200},
+		"buildTemplate":   {method: "POST", path: "/templates/{name}/build", scope: templateScoped, control: 200},
+		"setTemplatePool": {method: "PUT", path: "/templates/{name}/pool", body: api.PoolRequest{Size: 0}, scope: templateScoped, control: 200},
+		"deleteTemplate":  {method: "DELETE", path: "/templates/{name}", scope: templateScoped, control: 204},
 		"createKey":       {method: "POST", path: "/keys", body: api.CreateKeyRequest{Name: "b's"}, scope: keyAdmin, control: 201},
 		"listKeys":        {method: "GET", path: "/keys", scope: keyAdmin, control: 200},
 		"revokeKey":       {method: "DELETE", path: "/keys/{key}", scope: keyAdmin, control: 200},
@@ -171,9 +181,12 @@ func TestIsolationCoversSpec(t *testing.T) {
 	}
 }
 
+// isoTemplate is the template name the template cases act on.
+const isoTemplate = "iso-tmpl"
+
 // fill makes a case's request path for a sandbox and its processes.
 func (c isoCase) fill(id string, procs map[string]string, key string) string {
-	p := strings.NewReplacer("{id}", id, "{process}", procs[c.proc], "{key}", key).Replace("/v1" + c.path)
+	p := strings.NewReplacer("{id}", id, "{process}", procs[c.proc], "{key}", key, "{name}", isoTemplate).Replace("/v1" + c.path)
 	if c.query != "" {
 		p += "?" + c.query
 	}

@@ -260,7 +260,7 @@ func toAPISandbox(sb sandbox.Sandbox) api.Sandbox {
 	out := api.Sandbox{OnTimeout: orText(sp.OnTimeout, "destroy"),
 		IdleTimeout: lifeOut(sp.IdleTimeout, sandbox.DefaultIdleTimeout), RetireAfter: lifeOut(sp.RetireAfter, sandbox.DefaultRetireAfter),
 		AutoResume: !sp.NoAutoResume, TimeUsed: sb.Timers.Used(time.Now()).Seconds(), Id: sb.ID, State: api.SandboxState(sb.State), Reason: sb.Reason, Base: base,
-		Template: sp.Template, Env: sp.Env, Cwd: sp.Cwd, Hostname: sp.Hostname, Labels: sp.Labels,
+		Template: sp.Template, Generation: sp.Generation, ForkedFrom: sp.ForkOf, Env: sp.Env, Cwd: sp.Cwd, Hostname: sp.Hostname, Labels: sp.Labels,
 		Metadata: sp.Metadata, Timeout: int(sp.Timeout / time.Second), CreatedAt: sb.Created, UpdatedAt: sb.Updated,
 		Limits: api.Limits{MemoryMb: sp.Limits.MemoryBytes >> 20, CpuMillis: sp.Limits.CPUMillis, Pids: sp.Limits.Pids}}
 	if a := sb.Timers.Archive; a != nil {

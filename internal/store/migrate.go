@@ -57,6 +57,34 @@ CREATE TABLE sandbox_labels (
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX sandbox_labels_kv ON sandbox_labels (key, value, sandbox_id);
 `,
+	// 2: templates (a tenant's named recipes, their current generation and
+	// warm pool size) and layers (the built generations on disk).
+	`
+CREATE TABLE templates (
+	tenant     TEXT NOT NULL,
+	name       TEXT NOT NULL,
+	spec       TEXT NOT NULL,             -- the definition, JSON owned by the manager
+	generation TEXT NOT NULL DEFAULT '', -- the current generation ('' until built)
+	pool_size  INTEGER NOT NULL DEFAULT 0,
+	build      TEXT,                      -- the last build's outcome, JSON
+	created    INTEGER NOT NULL,
+	updated    INTEGER NOT NULL,
+	PRIMARY KEY (tenant, name)
+) STRICT;
+
+CREATE TABLE layers (
+	id       TEXT PRIMARY KEY,        -- the generation: a hash of what went into it
+	tenant   TEXT NOT NULL,
+	dir      TEXT NOT NULL UNIQUE,    -- its directory under DATA/layers
+	template TEXT NOT NULL DEFAULT '',
+	kind     TEXT NOT NULL,           -- build, snapshot or fork
+	base     TEXT NOT NULL DEFAULT '',
+	chain    TEXT NOT NULL,           -- JSON: the layer dirs a sandbox stacks, lowest first, ending with dir
+	bytes    INTEGER NOT NULL DEFAULT 0,
+	files    INTEGER NOT NULL DEFAULT 0,
+	created  INTEGER NOT NULL
+) STRICT;
+`,
 }
 
 type querier interface {
