@@ -555,7 +555,7 @@ type ResizeRequest struct {
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
 	Archive    *ArchiveInfo      `json:"archive,omitempty"`
-	AutoResume bool              `json:"auto_resume,omitempty"`
+	AutoResume bool              `json:"auto_resume"`
 	Base       string            `json:"base"`
 	CreatedAt  time.Time         `json:"created_at"`
 	Cwd        string            `json:"cwd,omitempty"`
@@ -1060,7 +1060,9 @@ type ClientInterface interface {
 	// Corresponds with PATCH /sandboxes/{id} (the `UpdateSandbox` operationId).
 	UpdateSandbox(ctx context.Context, id SandboxID, body UpdateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// DownloadSandboxArchive The archive of a suspended or retired sandbox's writable layer (tar + zstd, owners relative to the sandbox).
+	// DownloadSandboxArchive The most recent archive of the sandbox's writable layer (tar + zstd, owners relative to the
+	// sandbox), made by its last suspend; it stays after a resume until the next suspend replaces it, and
+	// goes with the sandbox when it is destroyed.
 	//
 	// Corresponds with GET /sandboxes/{id}/archive (the `DownloadSandboxArchive` operationId).
 	DownloadSandboxArchive(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1522,7 +1524,9 @@ func (c *Client) UpdateSandbox(ctx context.Context, id SandboxID, body UpdateSan
 	return c.Client.Do(req)
 }
 
-// DownloadSandboxArchive The archive of a suspended or retired sandbox's writable layer (tar + zstd, owners relative to the sandbox).
+// DownloadSandboxArchive The most recent archive of the sandbox's writable layer (tar + zstd, owners relative to the
+// sandbox), made by its last suspend; it stays after a resume until the next suspend replaces it, and
+// goes with the sandbox when it is destroyed.
 //
 // Corresponds with GET /sandboxes/{id}/archive (the `DownloadSandboxArchive` operationId).
 func (c *Client) DownloadSandboxArchive(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4484,7 +4488,9 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with PATCH /sandboxes/{id} (the `UpdateSandbox` operationId).
 	UpdateSandboxWithResponse(ctx context.Context, id SandboxID, body UpdateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateSandboxResponse, error)
 
-	// DownloadSandboxArchiveWithResponse The archive of a suspended or retired sandbox's writable layer (tar + zstd, owners relative to the sandbox).
+	// DownloadSandboxArchiveWithResponse The most recent archive of the sandbox's writable layer (tar + zstd, owners relative to the
+	// sandbox), made by its last suspend; it stays after a resume until the next suspend replaces it, and
+	// goes with the sandbox when it is destroyed.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6956,7 +6962,9 @@ func (c *ClientWithResponses) UpdateSandboxWithResponse(ctx context.Context, id 
 	return ParseUpdateSandboxResponse(rsp)
 }
 
-// DownloadSandboxArchiveWithResponse The archive of a suspended or retired sandbox's writable layer (tar + zstd, owners relative to the sandbox).
+// DownloadSandboxArchiveWithResponse The most recent archive of the sandbox's writable layer (tar + zstd, owners relative to the
+// sandbox), made by its last suspend; it stays after a resume until the next suspend replaces it, and
+// goes with the sandbox when it is destroyed.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -8955,7 +8963,9 @@ type ServerInterface interface {
 	// UpdateSandbox Change a sandbox's timers live (absent fields stay as they are).
 	// (PATCH /sandboxes/{id})
 	UpdateSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
-	// DownloadSandboxArchive The archive of a suspended or retired sandbox's writable layer (tar + zstd, owners relative to the sandbox).
+	// DownloadSandboxArchive The most recent archive of the sandbox's writable layer (tar + zstd, owners relative to the
+	// sandbox), made by its last suspend; it stays after a resume until the next suspend replaces it, and
+	// goes with the sandbox when it is destroyed.
 	// (GET /sandboxes/{id}/archive)
 	DownloadSandboxArchive(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// Exec Run a command with `sh -c` and wait for it. A non-zero exit is a result, not an error.

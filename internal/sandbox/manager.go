@@ -356,25 +356,30 @@ func (m *Manager) destroy(ctx context.Context, rec store.Sandbox, reason string)
 	if err := m.be.Destroy(context.WithoutCancel(ctx), rec.ID); err != nil {
 		return fmt.Errorf("destroy %s: %w", rec.ID, err)
 	}
+	// The record stops naming the archive before the archive goes.
+	var t Timers
+	_ = json.Unmarshal(rec.Extra, &t)
+	archive := t.Archive
+	t.Archive = nil
+	rec.Extra, _ = json.Marshal(t)
 	if _, err = m.move(ctx, rec, Destroyed, reason); err != nil {
 		return err
 	}
-	m.forget(ctx, rec)
+	m.forget(ctx, rec.ID, archive)
 	return nil
 }
 
 // forget drops what a destroyed sandbox leaves: its archive and its
 // activity entries.
-func (m *Manager) forget(ctx context.Context, rec store.Sandbox) {
+func (m *Manager) forget(ctx context.Context, id string, archive *Archive) {
 	m.act.mu.Lock()
-	delete(m.act.last, rec.ID)
-	delete(m.act.holds, rec.ID)
+	delete(m.act.last, id)
+	delete(m.act.holds, id)
 	m.act.mu.Unlock()
 	m.kickTemplates() // its layers may be unused now
-	var t Timers
-	if json.Unmarshal(rec.Extra, &t) == nil && t.Archive != nil && m.opts.Blobs != nil {
-		if err := m.opts.Blobs.Delete(context.WithoutCancel(ctx), t.Archive.Key); err != nil {
-			m.log.Warn("delete archive of destroyed sandbox", "id", rec.ID, "err", err)
+	if archive != nil && m.opts.Blobs != nil {
+		if err := m.opts.Blobs.Delete(context.WithoutCancel(ctx), archive.Key); err != nil {
+			m.log.Warn("delete archive of destroyed sandbox", "id", id, "err", err)
 		}
 	}
 }
