@@ -165,8 +165,8 @@ func (r *rig) verify() map[string]record {
 				t.Errorf("%s is %s without an archive", rec.ID, rec.State)
 			}
 		}
-		if tm.Archive == nil {
-			continue
+		if tm.Archive == nil || rec.State == "destroyed" {
+			continue // a destroyed sandbox's archive is deleted with it
 		}
 		rc, info, err := blobs.Open(ctx, tm.Archive.Key)
 		if err != nil {

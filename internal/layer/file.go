@@ -135,8 +135,11 @@ func walkArchive(r io.Reader) (int64, error) {
 // Copy copies the upper tree src into dst, which must not exist, as a
 // lower layer: same content, xattrs, whiteouts and links, with owners
 // shifted from [fromBase, fromBase+size) to [toBase, toBase+size). It runs
-// Pack's walk into Unpack's writer through a pipe, so a copy is exactly
-// what a suspend and resume would make. On error dst is removed.
+// Pack's walk into Unpack's writer through a pipe, so a copy is what a
+// suspend and resume would make, except that the content of files of 1 MiB
+// or more goes beside the stream: copied in the kernel (or shared, where
+// the filesystem has reflinks), holes kept (see direct.go). On error dst
+// is removed.
 func Copy(ctx context.Context, src, dst string, fromBase, toBase, size uint32) (Stats, error) {
 	if inside(src, dst) {
 		return Stats{}, fmt.Errorf("layer: copy %s to %s: destination inside source: %w", src, dst, errdefs.ErrInvalidArgument)
@@ -149,18 +152,20 @@ func Copy(ctx context.Context, src, dst string, fromBase, toBase, size uint32) (
 	}
 	pr, pw := io.Pipe()
 	packed := make(chan error, 1)
+	direct := &fdQueue{}
+	defer direct.closeAll() // after <-packed: nothing pushes any more
 	go func() {
 		// Buffered: tar writes 512-byte headers one by one, and each write
 		// to a pipe is a handoff between goroutines.
 		bw := bufio.NewWriterSize(pw, 256<<10)
-		_, err := packTar(ctx, bw, src, idMap{base: fromBase, size: size})
+		_, err := packTar(ctx, bw, src, idMap{base: fromBase, size: size}, direct)
 		if err == nil {
 			err = bw.Flush()
 		}
 		pw.CloseWithError(err)
 		packed <- err
 	}()
-	st, err := unpackTar(ctx, bufio.NewReaderSize(pr, 256<<10), dst, idMap{base: toBase, size: size}, math.MaxInt64)
+	st, err := unpackTar(ctx, bufio.NewReaderSize(pr, 256<<10), dst, idMap{base: toBase, size: size}, math.MaxInt64, direct)
 	pr.CloseWithError(errors.New("unpack ended")) // unblocks a packer still writing
 	if perr := <-packed; perr != nil {
 		err = perr // the cause; the unpacker only saw the pipe fail

@@ -81,7 +81,7 @@ func Pack(ctx context.Context, w io.Writer, dir string, uidBase, size uint32) (S
 	if err != nil {
 		return Stats{}, fmt.Errorf("layer: pack: %w", err)
 	}
-	st, err := packTar(ctx, enc, dir, idMap{base: uidBase, size: size})
+	st, err := packTar(ctx, enc, dir, idMap{base: uidBase, size: size}, nil)
 	if cerr := enc.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("layer: pack %s: compress: %w", dir, cerr)
 	}
@@ -109,7 +109,7 @@ func Unpack(ctx context.Context, r io.Reader, dir string, uidBase, size uint32, 
 		return Stats{}, fmt.Errorf("layer: unpack: %w", err)
 	}
 	defer dec.Close()
-	st, err := unpackTar(ctx, &decodeReader{r: dec, src: src}, dir, idMap{base: uidBase, size: size}, maxBytes)
+	st, err := unpackTar(ctx, &decodeReader{r: dec, src: src}, dir, idMap{base: uidBase, size: size}, maxBytes, nil)
 	if err != nil {
 		return Stats{}, err
 	}

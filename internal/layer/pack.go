@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -27,19 +28,24 @@ type packer struct {
 	links map[fileID]string // first archived name of each multiply-linked inode
 	buf   []byte
 	st    Stats
+	// direct, in Copy, takes the content of large files beside the stream.
+	direct *fdQueue
 }
 
 type fileID struct{ dev, ino uint64 }
 
-// packTar writes dir as an uncompressed tar stream to w.
-func packTar(ctx context.Context, w io.Writer, dir string, ids idMap) (Stats, error) {
+// packTar writes dir as an uncompressed tar stream to w. With direct (Copy
+// only), the content of files of directMin bytes or more goes there
+// instead of into the stream.
+func packTar(ctx context.Context, w io.Writer, dir string, ids idMap, direct *fdQueue) (Stats, error) {
 	fd, err := openNoATime(unix.AT_FDCWD, dir, unix.O_DIRECTORY)
 	if err != nil {
 		return Stats{}, fmt.Errorf("layer: pack %s: %w", dir, classifyOpen(err))
 	}
 	defer unix.Close(fd)
 	cw := &countWriter{w: w}
-	p := &packer{ctx: ctx, tw: tar.NewWriter(cw), ids: ids, links: map[fileID]string{}, buf: make([]byte, 256<<10)}
+	p := &packer{ctx: ctx, tw: tar.NewWriter(cw), ids: ids, links: map[fileID]string{}, buf: make([]byte, 256<<10),
+		direct: direct}
 	if err := p.dir(fd, ".", 0); err != nil {
 		return Stats{}, fmt.Errorf("layer: pack %s: %w", dir, err)
 	}
@@ -177,6 +183,14 @@ func (p *packer) file(pfd int, name, rel string, st *unix.Stat_t) error {
 		return err
 	}
 	hdr.Size = st.Size
+	direct := p.direct != nil && st.Size >= directMin
+	if direct {
+		if err := p.queueContent(fd); err != nil {
+			return fmt.Errorf("%q: %w", rel, err)
+		}
+		hdr.PAXRecords = map[string]string{directKey: strconv.FormatInt(st.Size, 10)}
+		hdr.Size = 0
+	}
 	if err := p.write(hdr, fd); err != nil {
 		return err
 	}
@@ -184,6 +198,9 @@ func (p *packer) file(pfd int, name, rel string, st *unix.Stat_t) error {
 		p.st.Whiteouts++
 	} else {
 		p.st.Files++
+	}
+	if direct {
+		return nil
 	}
 	src := &ctxReader{ctx: p.ctx, r: io.LimitReader(fdReader(fd), st.Size)}
 	n, err := io.CopyBuffer(p.tw, src, p.buf)

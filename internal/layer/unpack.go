@@ -43,10 +43,15 @@ type unpacker struct {
 	rootH *tar.Header
 	buf   []byte
 	st    Stats
+	// direct, in Copy only, holds the sources of files whose content came
+	// beside the stream; directBytes counts it.
+	direct      *fdQueue
+	directBytes int64
 }
 
-// unpackTar restores an uncompressed tar stream into the empty directory dir.
-func unpackTar(ctx context.Context, r io.Reader, dir string, ids idMap, maxBytes int64) (Stats, error) {
+// unpackTar restores an uncompressed tar stream into the empty directory
+// dir. direct is nil except in Copy (see packTar).
+func unpackTar(ctx context.Context, r io.Reader, dir string, ids idMap, maxBytes int64, direct *fdQueue) (Stats, error) {
 	root, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return Stats{}, fmt.Errorf("layer: unpack into %s: %w", dir, classifyOpen(os.NewSyscallError("open", err)))
@@ -59,7 +64,7 @@ func unpackTar(ctx context.Context, r io.Reader, dir string, ids idMap, maxBytes
 		return Stats{}, fmt.Errorf("layer: unpack into %s: %w", dir, err)
 	}
 	cr := &capReader{r: r, max: maxBytes}
-	u := &unpacker{ctx: ctx, root: root, ids: ids, stack: []dirEnt{{rel: ".", fd: root}}}
+	u := &unpacker{ctx: ctx, root: root, ids: ids, stack: []dirEnt{{rel: ".", fd: root}}, direct: direct}
 	err = u.run(tar.NewReader(cr))
 	if err == nil {
 		// The tar end marker and any padding after it count and must be
@@ -76,7 +81,7 @@ func unpackTar(ctx context.Context, r io.Reader, dir string, ids idMap, maxBytes
 		}
 		return Stats{}, fmt.Errorf("layer: unpack into %s: %w", dir, err)
 	}
-	u.st.Bytes = cr.n
+	u.st.Bytes = cr.n + u.directBytes
 	return u.st, nil
 }
 
@@ -243,7 +248,11 @@ func (u *unpacker) file(pfd int, base string, hdr *tar.Header, r io.Reader) erro
 	if err != nil {
 		return os.NewSyscallError("openat", err)
 	}
-	err = u.content(fd, hdr.Size, r)
+	if v, ok := hdr.PAXRecords[directKey]; ok {
+		err = u.copyDirect(fd, v)
+	} else {
+		err = u.content(fd, hdr.Size, r)
+	}
 	if err == nil {
 		err = u.meta(fd, hdr)
 	}

@@ -262,26 +262,38 @@ func (m *Manager) suspend(ctx context.Context, rec store.Sandbox, reason string)
 		return Sandbox{}, errdefs.New(errdefs.ErrNotImplemented, "backend %s cannot suspend", m.be.Name())
 	}
 	key := rec.ID + ".tar.zst"
-	var info archiveInfo
+	var out store.Sandbox
 	st, err := sus.Suspend(ctx, rec.ID, func(r io.Reader) error {
 		bi, err := m.opts.Blobs.Put(ctx, key, r, m.opts.ArchiveCap)
-		info = archiveInfo{size: bi.Size, sha: bi.SHA256, created: bi.Created}
+		if err != nil {
+			return err
+		}
+		// Recorded before the backend lets the processes and the upper
+		// go: a daemon killed after this point finds a suspended sandbox
+		// with its archive, never a running one with nothing left.
+		var t Timers
+		_ = json.Unmarshal(rec.Extra, &t)
+		t.Archive = &Archive{Key: key, Size: bi.Size, SHA256: bi.SHA256, Bytes: bi.Size, Created: bi.Created}
+		rec.Extra, _ = json.Marshal(t)
+		out, err = m.move(ctx, rec, Suspended, reason)
 		return err
 	})
 	if err != nil {
+		if out.ID != "" {
+			m.log.Error("suspend: archive kept but releasing the sandbox failed", "id", rec.ID, "err", err)
+		}
 		return Sandbox{}, err
 	}
+	// Only now is the uncompressed size known.
 	var t Timers
-	_ = json.Unmarshal(rec.Extra, &t)
-	t.Archive = &Archive{Key: key, Size: info.size, SHA256: info.sha, Bytes: st.Bytes, Created: info.created}
-	rec.Extra, _ = json.Marshal(t)
-	return m.moved(ctx, rec, Suspended, reason)
-}
-
-type archiveInfo struct {
-	size    int64
-	sha     string
-	created time.Time
+	if json.Unmarshal(out.Extra, &t) == nil && t.Archive != nil {
+		t.Archive.Bytes = st.Bytes
+		out.Extra, _ = json.Marshal(t)
+		if updated, err := m.st.UpdateSandbox(context.WithoutCancel(ctx), out); err == nil {
+			out = updated
+		}
+	}
+	return fromRecord(out)
 }
 
 // Patch changes a sandbox's timers live. Nil fields stay as they are.

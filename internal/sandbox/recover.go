@@ -50,6 +50,17 @@ func (m *Manager) recoverOne(ctx context.Context, rec store.Sandbox) {
 	switch {
 	case err != nil:
 		fail("backend could not recover it: " + err.Error())
+	case State(rec.State) == Suspended:
+		// Its files are in the archive; its init is meant to be gone (the
+		// stored handle predates the suspend). One still running is a
+		// suspend or resume the daemon died in: stop it, the archive wins.
+		if info.Status == backend.StatusRunning || info.Status == backend.StatusPaused {
+			if err := m.be.Stop(ctx, rec.ID); err != nil {
+				fail("could not stop it after an interrupted suspend: " + err.Error())
+				return
+			}
+		}
+		m.log.Info("sandbox recovered", "id", rec.ID, "state", rec.State)
 	case info.Status == backend.StatusDead:
 		fail("its init was gone after the daemon restarted: " + info.Reason)
 	case State(rec.State) == Paused:
