@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -185,30 +186,42 @@ func kvs(m map[string]string) string {
 }
 
 func inspectCmd(g *globals) *cobra.Command {
+	return showCmd(g, "inspect ID", "Show a sandbox", (*hutch.Client).Get, inspectTable)
+}
+
+// showCmd is a command that fetches one thing by its argument and prints
+// it as a key: value table, or as JSON with -o json.
+func showCmd[T any](g *globals, use, short string, get func(*hutch.Client, context.Context, string) (T, error),
+	table func(io.Writer, T)) *cobra.Command {
 	return &cobra.Command{
-		Use:   "inspect ID",
-		Short: "Show a sandbox",
+		Use:   use,
+		Short: short,
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			sb, err := c.Get(cmd.Context(), args[0])
+			v, err := get(c, cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			return g.print(sb, func(w io.Writer) { inspectTable(w, sb) })
+			return g.print(v, func(w io.Writer) { table(w, v) })
 		},
 	}
 }
 
-func inspectTable(w io.Writer, sb *hutch.Sandbox) {
-	row := func(k, v string) {
+// rowWriter prints "key:<tab>value" lines, skipping empty values.
+func rowWriter(w io.Writer) func(k, v string) {
+	return func(k, v string) {
 		if v != "" {
 			fmt.Fprintf(w, "%s:\t%s\n", k, v)
 		}
 	}
+}
+
+func inspectTable(w io.Writer, sb *hutch.Sandbox) {
+	row := rowWriter(w)
 	row("ID", sb.ID)
 	row("State", string(sb.State))
 	row("Reason", sb.Reason)

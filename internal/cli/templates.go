@@ -273,30 +273,12 @@ func orDash(s string) string {
 }
 
 func templateInspectCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "inspect NAME",
-		Short: "Show a template: its recipe, generation, last build and pool",
-		Args:  exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			t, err := c.GetTemplate(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return g.print(t, func(w io.Writer) { templateInspectTable(w, t) })
-		},
-	}
+	return showCmd(g, "inspect NAME", "Show a template: its recipe, generation, last build and pool",
+		(*hutch.Client).GetTemplate, templateInspectTable)
 }
 
 func templateInspectTable(w io.Writer, t *hutch.Template) {
-	row := func(k, v string) {
-		if v != "" {
-			fmt.Fprintf(w, "%s:\t%s\n", k, v)
-		}
-	}
+	row := rowWriter(w)
 	row("Name", t.Name)
 	row("Tenant", t.Tenant)
 	row("Kind", t.Kind)
