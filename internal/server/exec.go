@@ -17,6 +17,20 @@ import (
 	"github.com/hutch-dev/hutch/internal/errdefs"
 )
 
+// exec starts a command in a request's (live) sandbox; the sandbox id it
+// returns is the one to name in later backend calls.
+func (s *Server) exec(r *http.Request, id string, req backend.ExecRequest) (backend.Process, string, error) {
+	sid, err := s.live(r, id)
+	if err != nil {
+		return nil, "", err
+	}
+	p, err := s.mgr.Backend().Exec(r.Context(), sid, req)
+	if err != nil {
+		return nil, sid, s.backendErr(r, sid, err)
+	}
+	return p, sid, nil
+}
+
 // execRequest validates an API exec request and turns it into the
 // backend's, with its buffered stdin.
 func (s *Server) execRequest(req api.ExecRequest) (backend.ExecRequest, []byte, error) {
@@ -118,13 +132,9 @@ func (s *Server) Exec(w http.ResponseWriter, r *http.Request, id api.SandboxID) 
 }
 
 func (s *Server) runBuffered(r *http.Request, id string, req backend.ExecRequest, stdin []byte, keep int, encoding string) (api.ExecResult, error) {
-	sid, err := s.live(r, id)
+	p, sid, err := s.exec(r, id, req)
 	if err != nil {
 		return api.ExecResult{}, err
-	}
-	p, err := s.mgr.Backend().Exec(r.Context(), sid, req)
-	if err != nil {
-		return api.ExecResult{}, s.backendErr(r, sid, err)
 	}
 	defer p.Close()
 	stop := context.AfterFunc(r.Context(), func() { p.Close() })
@@ -204,14 +214,9 @@ func (s *Server) ExecStream(w http.ResponseWriter, r *http.Request, id api.Sandb
 		s.fail(w, r, err)
 		return
 	}
-	sid, err := s.live(r, id)
+	p, _, err := s.exec(r, id, ereq)
 	if err != nil {
 		s.fail(w, r, err)
-		return
-	}
-	p, err := s.mgr.Backend().Exec(r.Context(), sid, ereq)
-	if err != nil {
-		s.fail(w, r, s.backendErr(r, sid, err))
 		return
 	}
 	defer p.Close()

@@ -91,14 +91,9 @@ func (s *Server) startDetached(w http.ResponseWriter, r *http.Request, id string
 		s.fail(w, r, err)
 		return
 	}
-	sid, err := s.live(r, id)
+	p, sid, err := s.exec(r, id, ereq)
 	if err != nil {
 		s.fail(w, r, err)
-		return
-	}
-	p, err := s.mgr.Backend().Exec(r.Context(), sid, ereq)
-	if err != nil {
-		s.fail(w, r, s.backendErr(r, sid, err))
 		return
 	}
 	p.Close() // detach: a background process runs on
