@@ -41,7 +41,7 @@ func poolBench(b *testing.B, size int) (*sandbox.Manager, *native.Backend) {
 	}
 	blobs, _ := blob.NewDir(filepath.Join(dir, "archives"))
 	m, err := sandbox.New(ctx, st, be, sandbox.Options{Blobs: blobs, LayerDir: filepath.Join(dir, "layers"),
-		PoolInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		PoolInterval: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
 	}

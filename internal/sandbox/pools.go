@@ -26,6 +26,9 @@ import (
 // name of its template.
 const PoolLabel = "hutch.pool"
 
+// refillDelay is how long a claim waits before starting its refill.
+const refillDelay = 25 * time.Millisecond
+
 // poolRetry is how long a pool whose refill failed waits before trying
 // again (a failing build, say).
 const poolRetry = 30 * time.Second
@@ -92,7 +95,10 @@ func (m *Manager) claim(ctx context.Context, tenant string, key poolKey, gen str
 			return Sandbox{}, false
 		}
 		sb, err := m.handOver(ctx, tenant, id, key, req)
-		m.kickTemplates() // refill
+		// Refill soon, not now: making the replacement at once would take
+		// the cores from the sandbox just handed over, in its first
+		// milliseconds, which are what its caller is waiting on.
+		time.AfterFunc(refillDelay, m.kickTemplates)
 		if err == nil {
 			return sb, true
 		}
