@@ -266,6 +266,7 @@ func (m *Manager) fillPool(ctx context.Context, key poolKey) {
 			fail("create", err)
 			return
 		}
+		m.warmUp(ctx, sb.ID)
 		if !m.addPooled(key, pooled{id: sb.ID, gen: l.ID}) {
 			_ = m.Delete(context.WithoutCancel(ctx), "", sb.ID)
 		}
@@ -273,6 +274,18 @@ func (m *Manager) fillPool(ctx context.Context, key poolKey) {
 	m.tpl.mu.Lock()
 	delete(m.tpl.failed, key)
 	m.tpl.mu.Unlock()
+}
+
+// warmUp runs one `true` in a new pooled sandbox, so that the first
+// command of whoever claims it is not its agent's first fork (page faults
+// in init and the shell are paid here, off the claim path).
+func (m *Manager) warmUp(ctx context.Context, id string) {
+	p, err := m.be.Exec(ctx, id, backend.ExecRequest{Cmd: "true"})
+	if err != nil {
+		return
+	}
+	_, _ = backend.Wait(p, nil, nil)
+	p.Close()
 }
 
 // setPoolSize records the size key's pool should have; a new size is a
