@@ -302,10 +302,13 @@ type CreateSandboxRequest struct {
 	AutoResume *bool `json:"auto_resume,omitempty"`
 
 	// Base host (default), dir:/path or oci:/path[#ref].
-	Base     string            `json:"base,omitempty"`
-	Cwd      string            `json:"cwd,omitempty"`
-	Env      map[string]string `json:"env,omitempty"`
-	Hostname string            `json:"hostname,omitempty"`
+	Base string            `json:"base,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	Env  map[string]string `json:"env,omitempty"`
+
+	// FromArchive The id of a sandbox (yours) with an archive: the new sandbox starts from that archive's files, over the same base and layers, with no processes. Give no base or template with it.
+	FromArchive string `json:"from_archive,omitempty"`
+	Hostname    string `json:"hostname,omitempty"`
 
 	// Id Chosen by the server when empty.
 	Id string `json:"id,omitempty"`

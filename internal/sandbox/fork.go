@@ -104,7 +104,7 @@ func (m *Manager) Fork(ctx context.Context, tenant, id string, o ForkOptions) ([
 	}
 	out := make([]Sandbox, 0, o.Count)
 	for range o.Count {
-		sb, err := m.create(ctx, tenant, base)
+		sb, err := m.create(ctx, tenant, base, nil)
 		if err != nil {
 			for _, made := range out {
 				_ = m.Delete(context.WithoutCancel(ctx), tenant, made.ID)

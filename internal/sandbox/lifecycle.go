@@ -367,3 +367,39 @@ func (m *Manager) OpenArchive(ctx context.Context, tenant, id string) (io.ReadCl
 	r, _, err := m.opts.Blobs.Open(ctx, sb.Timers.Archive.Key)
 	return r, *sb.Timers.Archive, err
 }
+
+// createFromArchive makes a new sandbox whose files are those of another
+// sandbox's archive (a suspended or retired one, or one suspended before),
+// over the same base and layers; no processes come along.
+func (m *Manager) createFromArchive(ctx context.Context, tenant string, spec Spec) (Sandbox, error) {
+	if spec.Template != "" || spec.Base != "" {
+		return Sandbox{}, errdefs.New(errdefs.ErrInvalidArgument, "from_archive takes the source's base and template; give neither")
+	}
+	src, err := m.Get(ctx, tenant, spec.FromArchive)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if src.Timers.Archive == nil || src.State == Destroyed {
+		return Sandbox{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s has no archive to start from (suspend it first)", src.ID)
+	}
+	spec.Base, spec.Layers, spec.Generation = src.Spec.Base, src.Spec.Layers, src.Spec.Generation
+	return m.create(ctx, tenant, spec, src.Timers.Archive)
+}
+
+// restoreArchive replaces a just-made sandbox's empty writable layer with
+// an archive's: stop it, unpack, start it again.
+func (m *Manager) restoreArchive(ctx context.Context, id string, a *Archive) (backend.Handle, error) {
+	sus, ok := m.be.(backend.Suspender)
+	if !ok || m.opts.Blobs == nil {
+		return backend.Handle{}, errdefs.New(errdefs.ErrNotImplemented, "backend %s cannot restore archives", m.be.Name())
+	}
+	if err := m.be.Stop(ctx, id); err != nil {
+		return backend.Handle{}, err
+	}
+	r, _, err := m.opts.Blobs.Open(ctx, a.Key)
+	if err != nil {
+		return backend.Handle{}, err
+	}
+	defer r.Close()
+	return sus.Resume(ctx, id, r)
+}

@@ -290,3 +290,27 @@ func TestTimersSurviveARestart(t *testing.T) {
 	e2.waitState(t, sb.ID, sandbox.Destroyed, 3*time.Second)
 	_ = e2.m.Delete(ctx, "", paused.ID)
 }
+
+func TestCreateFromArchive(t *testing.T) {
+	e := open(t, newDir(t))
+	ctx := context.Background()
+	src := e.create(t, sandbox.Spec{IdleTimeout: -1})
+	e.sh(t, src.ID, "echo from-archive > /workspace/f; mkdir -p /opt/app && echo bin > /opt/app/bin; sleep 300 >/dev/null 2>&1 &")
+	if _, err := e.m.Create(ctx, "", sandbox.Spec{FromArchive: src.ID}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("from a sandbox never suspended: %v", err)
+	}
+	if _, err := e.m.Suspend(ctx, "", src.ID); err != nil {
+		t.Fatal(err)
+	}
+	dup := e.create(t, sandbox.Spec{FromArchive: src.ID, IdleTimeout: -1})
+	if got := e.sh(t, dup.ID, "cat /workspace/f /opt/app/bin; pgrep -c sleep || true"); got != "from-archive\nbin\n0\n" {
+		t.Fatalf("the copy: %q (files kept, no processes)", got)
+	}
+	e.sh(t, dup.ID, "echo changed > /workspace/f")
+	if got := e.sh(t, src.ID, "cat /workspace/f"); got != "from-archive\n" {
+		t.Fatalf("the source after its copy changed: %q", got)
+	}
+	if _, err := e.m.Create(ctx, "other", sandbox.Spec{FromArchive: src.ID}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("another tenant from this archive: %v", err)
+	}
+}

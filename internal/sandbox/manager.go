@@ -120,6 +120,9 @@ type Spec struct {
 	// NoAutoResume makes calls on a paused or suspended sandbox fail with
 	// a conflict instead of resuming it first.
 	NoAutoResume bool `json:"no_auto_resume,omitempty"`
+	// FromArchive names a sandbox (of the same tenant) whose archive the
+	// new one starts from: its files, over the same base and layers.
+	FromArchive string `json:"from_archive,omitempty"`
 	// Layers are the read-only layer directories stacked on the base,
 	// lowest first: a template's generation, a fork's snapshot. The
 	// manager sets them; they keep their layers from being collected.
@@ -205,13 +208,18 @@ func NewID() string {
 // Create records and starts a sandbox for tenant. On failure nothing is
 // left: the record goes with the half-made sandbox.
 func (m *Manager) Create(ctx context.Context, tenant string, spec Spec) (Sandbox, error) {
+	if spec.FromArchive != "" {
+		return m.createFromArchive(ctx, tenant, spec)
+	}
 	if spec.Template != "" {
 		return m.createFromTemplate(ctx, tenant, spec)
 	}
-	return m.create(ctx, tenant, spec)
+	return m.create(ctx, tenant, spec, nil)
 }
 
-func (m *Manager) create(ctx context.Context, tenant string, spec Spec) (Sandbox, error) {
+// create makes a sandbox; with restore, its writable layer is that
+// archive's instead of an empty one.
+func (m *Manager) create(ctx context.Context, tenant string, spec Spec, restore *Archive) (Sandbox, error) {
 	if spec.ID == "" {
 		spec.ID = NewID()
 	}
@@ -226,6 +234,11 @@ func (m *Manager) create(ctx context.Context, tenant string, spec Spec) (Sandbox
 	}
 	m.notify("", Creating)
 	h, err := m.be.Create(ctx, backendSpec(spec))
+	if err == nil && restore != nil {
+		if h, err = m.restoreArchive(ctx, spec.ID, restore); err != nil {
+			_ = m.be.Destroy(context.WithoutCancel(ctx), spec.ID)
+		}
+	}
 	if err != nil {
 		m.dropCreate(ctx, spec.ID, Creating)
 		return Sandbox{}, err

@@ -261,7 +261,7 @@ func (m *Manager) fillPool(ctx context.Context, key poolKey) {
 		spec := Spec{Base: def.Base, Layers: m.layerPaths(l.Chain), Generation: l.ID, Env: def.Env, Cwd: def.Cwd,
 			Limits: def.Limits, Template: key.name, IdleTimeout: -1, Labels: map[string]string{PoolLabel: key.name},
 			Pool: &PoolRef{Tenant: key.tenant, Template: key.name}}
-		sb, err := m.create(ctx, "", spec)
+		sb, err := m.create(ctx, "", spec, nil)
 		if err != nil {
 			fail("create", err)
 			return

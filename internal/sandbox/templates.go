@@ -1028,7 +1028,7 @@ func (m *Manager) createFromTemplate(ctx context.Context, tenant string, spec Sp
 	spec.Env = mergeEnv(def.Env, spec.Env)
 	spec.Cwd = orText(spec.Cwd, def.Cwd)
 	spec.Limits = mergeLimits(def.Limits, spec.Limits)
-	return m.create(ctx, tenant, spec)
+	return m.create(ctx, tenant, spec, nil)
 }
 
 func orText(s, def string) string {

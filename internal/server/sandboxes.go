@@ -53,7 +53,7 @@ func (s *Server) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 	spec := sandbox.Spec{ID: req.Id, Base: req.Base, Template: req.Template, Env: req.Env, Cwd: req.Cwd,
 		Hostname: req.Hostname, Labels: req.Labels, Metadata: req.Metadata,
 		Timeout: time.Duration(req.Timeout) * time.Second, OnTimeout: string(req.OnTimeout),
-		IdleTimeout: idle, RetireAfter: retire, NoAutoResume: req.AutoResume != nil && !*req.AutoResume,
+		IdleTimeout: idle, RetireAfter: retire, NoAutoResume: req.AutoResume != nil && !*req.AutoResume, FromArchive: req.FromArchive,
 		Limits: backend.Limits{MemoryBytes: req.Limits.MemoryMb << 20, CPUMillis: req.Limits.CpuMillis, Pids: req.Limits.Pids}}
 	sb, err := s.mgr.Create(r.Context(), tenantOf(r.Context()).ID, spec)
 	if err != nil {
