@@ -344,9 +344,15 @@ type CreatedKey struct {
 // Error defines model for Error.
 type Error struct {
 	// Code Example: not_found
-	Code      string `json:"code"`
+	Code string `json:"code"`
+
+	// From A refused state change (code conflict): the state the sandbox is in.
+	From      string `json:"from,omitempty"`
 	Message   string `json:"message"`
 	RequestId string `json:"request_id"`
+
+	// To A refused state change: the state it was asked to go to.
+	To string `json:"to,omitempty"`
 }
 
 // ExecEvent defines model for ExecEvent.

@@ -34,6 +34,10 @@ type Error struct {
 	Code      string // the API's code, e.g. "not_found"; "internal" when unknown
 	Message   string
 	RequestID string
+	// From and To name the states of a refused state change (Code
+	// "conflict", e.g. exec on a paused sandbox created without
+	// auto-resume); empty otherwise.
+	From, To string
 }
 
 func (e *Error) Error() string {
@@ -68,9 +72,11 @@ func errorFromBody(status int, body []byte, header http.Header) *Error {
 		Code      string `json:"code"`
 		Message   string `json:"message"`
 		RequestID string `json:"request_id"`
+		From      string `json:"from"`
+		To        string `json:"to"`
 	}
 	if json.Unmarshal(body, &wire) == nil && wire.Code != "" {
-		e.Code, e.Message, e.RequestID = wire.Code, wire.Message, wire.RequestID
+		e.Code, e.Message, e.RequestID, e.From, e.To = wire.Code, wire.Message, wire.RequestID, wire.From, wire.To
 	} else {
 		e.Code = statusCodes[status]
 		if e.Code == "" {

@@ -259,6 +259,10 @@ func testNoAutoResume(t *testing.T, e *env) {
 	}
 	_, err := sb.Exec(ctx, "true")
 	wantErr(t, err, hutch.ErrConflict, "conflict")
+	var he *hutch.Error
+	if !errors.As(err, &he) || he.From != "paused" || he.To != "running" {
+		t.Fatalf("the conflict does not name the states: %#v", he)
+	}
 	_, err = sb.ReadFile(ctx, "/etc/hostname")
 	wantErr(t, err, hutch.ErrConflict, "conflict")
 	wantState(t, e.sock, sb.ID, hutch.StatePaused)

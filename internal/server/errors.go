@@ -45,6 +45,10 @@ func statusOf(err error) int {
 func (s *Server) apiError(r *http.Request, err error) (int, api.Error) {
 	status := statusOf(err)
 	body := api.Error{Code: errdefs.Code(err), Message: err.Error(), RequestId: requestID(r.Context())}
+	var te *errdefs.TransitionError
+	if errors.As(err, &te) {
+		body.From, body.To = te.From, te.To
+	}
 	if status == http.StatusInternalServerError {
 		body.Message = "internal error; see the daemon's log for request " + body.RequestId
 		s.log.Error("internal error", "request_id", body.RequestId, "method", r.Method, "path", r.URL.Path, "err", err)
