@@ -160,6 +160,7 @@ func New(opts Options) (*Backend, error) {
 	b := &Backend{opts: opts, cg: cg, images: images, slots: newSlotSet(opts.Slots),
 		sandboxes: map[string]*sandbox{}, ids: map[string]*sync.Mutex{}, tag: "h" + hex.EncodeToString(sum[:4])}
 	b.claimSlotsOnDisk()
+	b.sweepCgroups()
 	b.startPool()
 	return b, nil
 }

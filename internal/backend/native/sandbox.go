@@ -290,6 +290,12 @@ func (s *slotSet) take() (int, bool) {
 	return 0, false
 }
 
+func (s *slotSet) taken(k int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return k >= 0 && k < len(s.used) && s.used[k]
+}
+
 func (s *slotSet) claim(k int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -303,5 +309,23 @@ func (s *slotSet) release(k int) {
 	defer s.mu.Unlock()
 	if k >= 0 && k < len(s.used) {
 		s.used[k] = false
+	}
+}
+
+// sweepCgroups deletes the empty cgroups of slots no sandbox on disk holds:
+// a daemon killed with inits parked, or before it recorded a new sandbox,
+// leaves them (those inits end themselves, the groups stay).
+func (b *Backend) sweepCgroups() {
+	for slot := range b.opts.Slots {
+		if b.slots.taken(slot) {
+			continue
+		}
+		g, err := b.cg.Load(b.cgroupName(slot))
+		if err != nil {
+			continue
+		}
+		if pids, err := g.Pids(); err == nil && len(pids) == 0 {
+			_ = g.Delete()
+		}
 	}
 }
