@@ -76,23 +76,34 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) (Sandbox, error) 
 // Someone else's update in between is ErrConflict, and nothing changes: the
 // caller re-reads and decides again. It returns the row at Version+1.
 func (s *Store) UpdateSandbox(ctx context.Context, sb Sandbox) (Sandbox, error) {
+	return s.updateSandbox(ctx, sb, false)
+}
+
+// updateSandbox is UpdateSandbox and, with reassign, ReassignSandbox: the
+// same versioned update, which then also sets the tenant and the creation
+// time.
+func (s *Store) updateSandbox(ctx context.Context, sb Sandbox, reassign bool) (Sandbox, error) {
 	f, err := encodeSandbox(sb)
 	if err != nil {
 		return Sandbox{}, err
 	}
 	now := ts(s.now())
+	op, set, args := "update", "", []any{}
+	if reassign {
+		op, set, args = "reassign", "tenant = ?, created = ?, ", []any{sb.Tenant, now}
+	}
+	args = append(args, sb.State, sb.Reason, f.spec, f.handle, f.extra, f.labels, f.metadata, now, sb.ID, sb.Version)
 	var out Sandbox
 	err = s.write(ctx, func(tx *sql.Tx) error {
-		row := tx.QueryRowContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, spec = ?, handle = ?, extra = ?,
+		row := tx.QueryRowContext(ctx, `UPDATE sandboxes SET `+set+`state = ?, reason = ?, spec = ?, handle = ?, extra = ?,
 			labels = ?, metadata = ?, updated = ?, version = version + 1
-			WHERE id = ? AND version = ? RETURNING `+sandboxCols,
-			sb.State, sb.Reason, f.spec, f.handle, f.extra, f.labels, f.metadata, now, sb.ID, sb.Version)
+			WHERE id = ? AND version = ? RETURNING `+sandboxCols, args...)
 		got, err := scanSandbox(row)
 		if errors.Is(err, sql.ErrNoRows) {
 			return whyNotUpdated(ctx, tx, sb)
 		}
 		if err != nil {
-			return fmt.Errorf("store: update sandbox %q: %w", sb.ID, classify(err))
+			return fmt.Errorf("store: %s sandbox %q: %w", op, sb.ID, classify(err))
 		}
 		out = got
 		return putLabels(ctx, tx, sb.ID, sb.Labels, true)

@@ -241,29 +241,5 @@ func (s *Store) SpecStrings(ctx context.Context, path, except string) ([]string,
 // handed to the tenant that claims it and counts as created then. The same
 // version check applies.
 func (s *Store) ReassignSandbox(ctx context.Context, sb Sandbox) (Sandbox, error) {
-	f, err := encodeSandbox(sb)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	now := ts(s.now())
-	var out Sandbox
-	err = s.write(ctx, func(tx *sql.Tx) error {
-		row := tx.QueryRowContext(ctx, `UPDATE sandboxes SET tenant = ?, state = ?, reason = ?, spec = ?, handle = ?,
-			extra = ?, labels = ?, metadata = ?, created = ?, updated = ?, version = version + 1
-			WHERE id = ? AND version = ? RETURNING `+sandboxCols,
-			sb.Tenant, sb.State, sb.Reason, f.spec, f.handle, f.extra, f.labels, f.metadata, now, now, sb.ID, sb.Version)
-		got, err := scanSandbox(row)
-		if errors.Is(err, sql.ErrNoRows) {
-			return whyNotUpdated(ctx, tx, sb)
-		}
-		if err != nil {
-			return fmt.Errorf("store: reassign sandbox %q: %w", sb.ID, classify(err))
-		}
-		out = got
-		return putLabels(ctx, tx, sb.ID, sb.Labels, true)
-	})
-	if err != nil {
-		return Sandbox{}, err
-	}
-	return out, nil
+	return s.updateSandbox(ctx, sb, true)
 }
