@@ -36,8 +36,14 @@ type env struct {
 
 func open(t *testing.T, dir string) *env {
 	t.Helper()
+	return openWith(t, dir, nil)
+}
+
+// openWith is open with the manager's options adjusted by opt.
+func openWith(t *testing.T, dir string, opt func(*sandbox.Options)) *env {
+	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("the manager's lifecycle tests need root (native backend)")
+		t.Skip("the manager's tests need root (native backend)")
 	}
 	ctx := context.Background()
 	st, err := store.Open(ctx, filepath.Join(dir, "hutch.db"))
@@ -52,8 +58,12 @@ func open(t *testing.T, dir string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := sandbox.New(ctx, st, be, sandbox.Options{Blobs: blobs, ReapInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	opts := sandbox.Options{Blobs: blobs, ReapInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if opt != nil {
+		opt(&opts)
+	}
+	m, err := sandbox.New(ctx, st, be, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

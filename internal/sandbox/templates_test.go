@@ -15,11 +15,8 @@ import (
 	"time"
 
 	"github.com/hutch-dev/hutch/internal/backend"
-	"github.com/hutch-dev/hutch/internal/backend/native"
-	"github.com/hutch-dev/hutch/internal/blob"
 	"github.com/hutch-dev/hutch/internal/errdefs"
 	"github.com/hutch-dev/hutch/internal/sandbox"
-	"github.com/hutch-dev/hutch/internal/store"
 )
 
 // countingHandler counts log records by message.
@@ -56,31 +53,13 @@ type tenv struct {
 
 func openT(t *testing.T, dir string) *tenv {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the manager's template tests need root (native backend)")
-	}
-	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(dir, "hutch.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	be, err := native.New(native.Options{DataDir: dir, WarmInits: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	blobs, err := blob.NewDir(filepath.Join(dir, "archives"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs := &countingHandler{Handler: slog.NewTextHandler(io.Discard, nil), n: map[string]int{}}
-	m, err := sandbox.New(ctx, st, be, sandbox.Options{Blobs: blobs, ReapInterval: 50 * time.Millisecond,
-		LayerDir: filepath.Join(dir, "layers"), PoolInterval: 100 * time.Millisecond, Logger: slog.New(logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &tenv{env: &env{dir: dir, st: st, be: be, m: m}, logs: logs}
-	t.Cleanup(e.close)
-	return e
+	e := openWith(t, dir, func(o *sandbox.Options) {
+		o.LayerDir = filepath.Join(dir, "layers")
+		o.PoolInterval = 100 * time.Millisecond
+		o.Logger = slog.New(logs)
+	})
+	return &tenv{env: e, logs: logs}
 }
 
 func (e *tenv) put(t *testing.T, name string, def sandbox.TemplateDef) sandbox.Template {
