@@ -75,7 +75,7 @@ type Router struct {
 	nl   *netlink.Handle
 
 	mu     sync.Mutex
-	links  map[string]*Link     // by sandbox id
+	links  map[string]*Link      // by sandbox id
 	byAddr map[netip.Addr]string // sandbox address → id
 	used   map[int]bool
 	next   int
