@@ -76,7 +76,7 @@ func rootCmd(g *globals) *cobra.Command {
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	root.AddCommand(runCmd(g), serveCmd(), versionCmd(g),
 		createCmd(g), lsCmd(g), inspectCmd(g), rmCmd(g),
-		execCmd(g), shellCmd(g), cpCmd(g), psCmd(g), logsCmd(g), killCmd(g), keysCmd(g))
+		execCmd(g), shellCmd(g), cpCmd(g), psCmd(g), logsCmd(g), killCmd(g), keysCmd(g), mcpCmd(g))
 	root.AddCommand(lifecycleCmds(g)...)
 	root.AddCommand(templateCmds(g)...)
 	return root

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hutch-dev/hutch/internal/backend/native"
 	"github.com/hutch-dev/hutch/internal/blob"
+	"github.com/hutch-dev/hutch/internal/mcp"
 	"github.com/hutch-dev/hutch/internal/sandbox"
 	"github.com/hutch-dev/hutch/internal/server"
 	"github.com/hutch-dev/hutch/internal/store"
@@ -98,6 +99,7 @@ func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	}
 	closers = append(closers, d.Manager.Close)
 	srv.SetManager(d.Manager)
+	srv.Mount("/mcp", mcp.Handler(srv.InProcess, cfg.Version))
 	lns, err := d.listen(cfg)
 	if err != nil {
 		return nil, err

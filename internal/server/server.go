@@ -71,6 +71,7 @@ type Server struct {
 	lim     Limits
 	metrics *metrics
 	handler http.Handler
+	mux     *http.ServeMux // the routes behind the middleware; Mount adds to it
 }
 
 var _ api.ServerInterface = (*Server)(nil)
@@ -140,6 +141,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, notFound("no route for %s %s", r.Method, r.URL.Path))
 	})
+	s.mux = mux
 	return s.recoverPanics(s.requestID(s.authenticate(s.logRequests(mux))))
 }
 
