@@ -357,10 +357,17 @@ func processes(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id stri
 	if seen != "one\ntwo\n" {
 		t.Fatalf("output: %q", seen)
 	}
-	// Reading from next_seq again gives nothing new.
+	// Reading from next_seq again gives nothing new, also after waiting
+	// for an exit that does not come.
 	again := call[outputResult](t, ctx, cs, "read_process_output", map[string]any{"sandbox_id": id, "process_id": p.ProcessID, "from_seq": out.NextSeq})
-	if again.Stdout != "" || again.NextSeq != out.NextSeq {
+	if again.Stdout != "" || again.NextSeq != out.NextSeq || !again.Running {
 		t.Fatalf("re-read: %+v after %+v", again, out)
+	}
+	start := time.Now()
+	again = call[outputResult](t, ctx, cs, "read_process_output", map[string]any{"sandbox_id": id, "process_id": p.ProcessID,
+		"from_seq": out.NextSeq, "wait_seconds": 0.3})
+	if again.Stdout != "" || again.NextSeq != out.NextSeq || !again.Running || time.Since(start) < 250*time.Millisecond {
+		t.Fatalf("waited re-read: %+v after %v", again, time.Since(start))
 	}
 	call[struct{ Signal string }](t, ctx, cs, "kill_process", map[string]any{"sandbox_id": id, "process_id": p.ProcessID})
 	end := call[outputResult](t, ctx, cs, "read_process_output", map[string]any{"sandbox_id": id, "process_id": p.ProcessID,
