@@ -369,6 +369,10 @@ func processes(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id stri
 	if again.Stdout != "" || again.NextSeq != out.NextSeq || !again.Running || time.Since(start) < 250*time.Millisecond {
 		t.Fatalf("waited re-read: %+v after %v", again, time.Since(start))
 	}
+	if msg := callErr(t, ctx, cs, "read_process_output", map[string]any{"sandbox_id": id, "process_id": p.ProcessID,
+		"wait_seconds": 301}); !strings.HasPrefix(msg, "invalid_argument: ") {
+		t.Fatalf("wait too long: %q", msg)
+	}
 	call[struct{ Signal string }](t, ctx, cs, "kill_process", map[string]any{"sandbox_id": id, "process_id": p.ProcessID})
 	end := call[outputResult](t, ctx, cs, "read_process_output", map[string]any{"sandbox_id": id, "process_id": p.ProcessID,
 		"from_seq": out.NextSeq, "wait_seconds": 10})

@@ -23,6 +23,10 @@ import (
 // destination, and base64 in JSON triples a binary's size in tokens.
 const maxFileBytes = 4 << 20
 
+// maxWaitSeconds bounds read_process_output's wait, which holds a request
+// (and, over HTTP, a connection) open.
+const maxWaitSeconds = 300.0
+
 // maxListed bounds list_sandboxes, which walks every page.
 const maxListed = 1000
 
@@ -86,6 +90,10 @@ func tighten(s *jsonschema.Schema) {
 		case p.Type == "integer" || p.Type == "number":
 			p.Minimum = &zero
 		}
+	}
+	if p := s.Properties["wait_seconds"]; p != nil {
+		most := maxWaitSeconds
+		p.Maximum = &most
 	}
 	if p := s.Properties["encoding"]; p != nil {
 		p.Enum = []any{"utf-8", "base64"}
@@ -269,8 +277,8 @@ type outputOut struct {
 }
 
 func (t *tools) readOutput(ctx context.Context, in outputIn) (outputOut, error) {
-	if in.WaitSeconds > 300 {
-		return outputOut{}, invalid("wait_seconds %g: at most 300", in.WaitSeconds)
+	if in.WaitSeconds > maxWaitSeconds { // the schema says so too; this is for clients that skip it
+		return outputOut{}, invalid("wait_seconds %g: at most %g", in.WaitSeconds, maxWaitSeconds)
 	}
 	follow := in.WaitSeconds > 0
 	rctx := ctx
