@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -21,11 +23,31 @@ func TestMain(m *testing.M) {
 	if native.IsInit() {
 		native.InitMain()
 	}
+	before := runtime.NumGoroutine()
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
+	if code == 0 {
+		code = leakCheck(before)
+	}
 	os.Exit(code)
+}
+
+// leakCheck fails the run when goroutines outlive the tests: an in-process
+// API call (Server.InProcess) or an MCP session left running would show
+// here. Daemons and sessions end in the tests' cleanups.
+func leakCheck(before int) int {
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		buf := make([]byte, 1<<20)
+		fmt.Fprintf(os.Stderr, "%d goroutines left over (%d before the tests):\n%s\n", n, before, buf[:runtime.Stack(buf, true)])
+		return 1
+	}
+	return 0
 }
 
 var (
