@@ -50,7 +50,10 @@ func Handler(transportFor func(*http.Request) http.RoundTripper, version string)
 			return nil
 		}
 		return New(c, version, cache)
-	}, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+	}, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true,
+		// A client that hangs up (on protocols where the POST is the whole
+		// call) ends the call, and so the command it ran, as over the API.
+		PropagateRequestCancellation: true})
 }
 
 // toolError is a failed tool call; its text starts with the hutch error
