@@ -213,6 +213,8 @@ func (s *Server) handle(c *proto.Conn) {
 		s.handleTarGet(c, &req)
 	case proto.OpTarPut:
 		s.handleTarPut(c, &req)
+	case proto.OpWatch:
+		s.handleWatch(c, &req)
 	default:
 		s.handleFileOp(c, &req)
 	}

@@ -294,3 +294,34 @@ func Wait(p Process, stdout, stderr io.Writer) (ExitStatus, error) {
 		}
 	}
 }
+
+// WatchOp is the kind of a change a Watcher reports.
+type WatchOp string
+
+// The changes a Watcher reports.
+const (
+	WatchCreate WatchOp = "create"
+	WatchWrite  WatchOp = "write"
+	WatchRemove WatchOp = "remove"
+	WatchRename WatchOp = "rename" // the old name of a move
+	WatchChmod  WatchOp = "chmod"
+)
+
+// WatchEvent is one change under a watched directory.
+type WatchEvent struct {
+	Path string  `json:"path"` // absolute, inside the sandbox
+	Op   WatchOp `json:"op"`
+}
+
+// WatchStream delivers a watch's events until Close; Next returns an error
+// once the watch ends (the directory went away, the sandbox stopped).
+type WatchStream interface {
+	Next() (WatchEvent, error)
+	Close() error
+}
+
+// Watcher is an optional capability: changes under a directory of a
+// sandbox as they happen, observed from inside it.
+type Watcher interface {
+	Watch(ctx context.Context, id, path string, recursive bool) (WatchStream, error)
+}

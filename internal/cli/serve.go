@@ -40,6 +40,7 @@ func serveCmd() *cobra.Command {
 	fl.StringVar(&cfg.DataDir, "data", defaultDataDir(), "data directory (state, sandboxes, images)")
 	fl.StringVar(&cfg.Socket, "socket", "", "unix socket path (default DATA/hutch.sock)")
 	fl.StringVar(&cfg.Listen, "listen", "", "also listen on TCP, e.g. 127.0.0.1:7070 (API keys required)")
+	fl.StringVar(&cfg.Domain, "domain", "", "E2B SDK domain: route 49983-<id>.DOMAIN to envd and api.DOMAIN to the E2B API")
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long running requests get at shutdown")
 	fl.IntVar(&cfg.WarmInits, "warm-inits", 0, "parked inits kept ready (default 2; negative: none)")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hutch-dev/hutch/internal/backend/native"
 	"github.com/hutch-dev/hutch/internal/blob"
+	"github.com/hutch-dev/hutch/internal/e2b"
 	"github.com/hutch-dev/hutch/internal/mcp"
 	"github.com/hutch-dev/hutch/internal/sandbox"
 	"github.com/hutch-dev/hutch/internal/server"
@@ -39,6 +40,9 @@ type Config struct {
 	// PoolInterval is how often warm pools are refilled and unused
 	// template layers collected (default 2s).
 	PoolInterval time.Duration
+	// Domain routes E2B SDK hosts on the TCP listener: 49983-<id>.Domain
+	// to the sandbox's envd and api.Domain to the E2B control API.
+	Domain string
 }
 
 // Daemon is a running daemon.
@@ -100,6 +104,14 @@ func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	closers = append(closers, d.Manager.Close)
 	srv.SetManager(d.Manager)
 	srv.Mount("/mcp", mcp.Handler(srv.InProcess, cfg.Version))
+	// The TCP listener also speaks the e2b SDK's protocols (internal/e2b);
+	// the unix socket is hutch's API only.
+	e2bh, err := e2b.New(e2b.Config{Store: d.Store, Manager: d.Manager, Logger: cfg.Logger, Domain: cfg.Domain,
+		SecretFile: filepath.Join(cfg.DataDir, "e2b.secret")})
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, e2bh.Close)
 	lns, err := d.listen(cfg)
 	if err != nil {
 		return nil, err
@@ -107,7 +119,11 @@ func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	d.cancel, d.errc, d.n = cancel, make(chan error, len(lns)), len(lns)
 	for _, ln := range lns {
-		go func() { d.errc <- srv.Serve(sctx, ln, cfg.Grace) }()
+		if _, unix := ln.(*net.UnixListener); unix {
+			go func() { d.errc <- srv.Serve(sctx, ln, cfg.Grace) }()
+		} else {
+			go func() { d.errc <- e2b.Serve(sctx, ln, e2bh.Wrap(srv.Handler()), cfg.Grace, cfg.Logger) }()
+		}
 	}
 	d.closers = closers
 	cfg.Logger.Info("hutch serving", "version", cfg.Version, "socket", d.Socket, "tcp", d.TCPAddr, "data", cfg.DataDir)

@@ -32,6 +32,7 @@ const (
 	TResize     byte = 'Z' // client → agent: JSON Resize
 	TData       byte = 'D' // either way: file content
 	TEOF        byte = 'E' // either way: end of file content
+	TWatch      byte = 'W' // agent → client: JSON backend.WatchEvent
 )
 
 // MaxFrame bounds one frame's payload; larger frames are a protocol error.
@@ -58,6 +59,9 @@ const (
 	OpStdin   = "stdin"
 	OpTarGet  = "tar.get"
 	OpTarPut  = "tar.put"
+	// OpWatch answers a Response, then TWatch frames until the client
+	// closes the connection.
+	OpWatch = "watch"
 )
 
 // Request is the first frame of every connection.

@@ -1,0 +1,377 @@
+package e2b_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	fspb "github.com/hutch-dev/hutch/internal/e2b/envdpb/filesystem"
+	processpb "github.com/hutch-dev/hutch/internal/e2b/envdpb/process"
+)
+
+// result collects a process stream.
+type result struct {
+	pid            uint32
+	stdout, stderr string
+	end            *processpb.ProcessEvent_EndEvent
+}
+
+type eventStream interface {
+	Receive() bool
+	Err() error
+}
+
+func collect[T interface {
+	GetEvent() *processpb.ProcessEvent
+}](s interface {
+	eventStream
+	Msg() T
+}, stopAfterStart bool) (result, error) {
+	var r result
+	for s.Receive() {
+		ev := s.Msg().GetEvent()
+		switch e := ev.GetEvent().(type) {
+		case *processpb.ProcessEvent_Start:
+			r.pid = e.Start.GetPid()
+			if stopAfterStart {
+				return r, nil
+			}
+		case *processpb.ProcessEvent_Data:
+			r.stdout += string(e.Data.GetStdout()) + string(e.Data.GetPty())
+			r.stderr += string(e.Data.GetStderr())
+		case *processpb.ProcessEvent_End:
+			r.end = e.End
+		}
+	}
+	return r, s.Err()
+}
+
+func bash(cmd string) *processpb.ProcessConfig {
+	return &processpb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmd}}
+}
+
+func TestProcessStart(t *testing.T) {
+	r := newRig(t)
+	c := r.create(map[string]any{"envVars": map[string]string{"SBX": "yes"}})
+	e := r.envd(c)
+	ctx := t.Context()
+	cwd := "/tmp"
+	cfg := bash(`echo "$SBX $FOO $(pwd)"; echo oops >&2; exit 3`)
+	cfg.Envs, cfg.Cwd = map[string]string{"FOO": "foo"}, &cwd
+	s, err := e.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: cfg}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := collect(s, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.pid == 0 || res.stdout != "yes foo /tmp\n" || res.stderr != "oops\n" || res.end == nil || res.end.GetExitCode() != 3 || !res.end.GetExited() {
+		t.Fatalf("got %+v", res)
+	}
+
+	// The client's deadline is the command's timeout: DeadlineExceeded,
+	// and the process is gone.
+	tctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
+	defer cancel()
+	s, err = e.proc.Start(tctx, connect.NewRequest(&processpb.StartRequest{Process: bash("sleep 30")}))
+	if err == nil {
+		_, err = collect(s, false)
+	}
+	if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+		t.Fatalf("timeout: %v, want deadline_exceeded", err)
+	}
+	waitNoProcs(t, e)
+
+	// Stdin: send, close, and the process sees EOF.
+	s, err = e.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: bash("cat; echo done"), Stdin: ptr(true)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, _ := collect(s, true)
+	sel := &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: head.pid}}
+	if _, err := e.proc.SendInput(ctx, connect.NewRequest(&processpb.SendInputRequest{Process: sel,
+		Input: &processpb.ProcessInput{Input: &processpb.ProcessInput_Stdin{Stdin: []byte("hello\n")}}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.proc.CloseStdin(ctx, connect.NewRequest(&processpb.CloseStdinRequest{Process: sel})); err != nil {
+		t.Fatal(err)
+	}
+	res, err = collect(s, false)
+	if err != nil || res.stdout != "hello\ndone\n" || res.end.GetExitCode() != 0 {
+		t.Fatalf("stdin: %+v %v", res, err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func waitNoProcs(t *testing.T, e envd) {
+	t.Helper()
+	for range 50 {
+		l, err := e.proc.List(t.Context(), connect.NewRequest(&processpb.ListRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l.Msg.GetProcesses()) == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("a process outlived its timeout")
+}
+
+func TestProcessBackgroundAndReconnect(t *testing.T) {
+	r := newRig(t)
+	c := r.create(nil)
+	e := r.envd(c)
+	ctx := t.Context()
+	sctx, stop := context.WithCancel(ctx)
+	s, err := e.proc.Start(sctx, connect.NewRequest(&processpb.StartRequest{Process: bash("read x; echo got $x"), Tag: ptr("job"), Stdin: ptr(true)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, _ := collect(s, true)
+	stop() // the client goes away; the process runs on
+	l, err := e.proc.List(ctx, connect.NewRequest(&processpb.ListRequest{}))
+	if err != nil || len(l.Msg.GetProcesses()) != 1 {
+		t.Fatalf("list: %v %v", l, err)
+	}
+	p := l.Msg.GetProcesses()[0]
+	if p.GetPid() != head.pid || p.GetTag() != "job" || p.GetConfig().GetArgs()[2] != "read x; echo got $x" {
+		t.Fatalf("listed %v", p)
+	}
+	byTag := &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Tag{Tag: "job"}}
+	cs, err := e.proc.Connect(ctx, connect.NewRequest(&processpb.ConnectRequest{Process: byTag}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, _ := collect(cs, false)
+		done <- res
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if _, err := e.proc.SendInput(ctx, connect.NewRequest(&processpb.SendInputRequest{Process: byTag,
+		Input: &processpb.ProcessInput{Input: &processpb.ProcessInput_Stdin{Stdin: []byte("it\n")}}})); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-done:
+		if res.pid != head.pid || res.stdout != "got it\n" || res.end.GetExitCode() != 0 {
+			t.Fatalf("reconnected: %+v", res)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no end after reconnect")
+	}
+
+	// Signals: SIGKILL ends a process; an unknown pid is NotFound.
+	s, err = e.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: bash("sleep 60")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, _ = collect(s, true)
+	sel := &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: head.pid}}
+	if _, err := e.proc.SendSignal(ctx, connect.NewRequest(&processpb.SendSignalRequest{Process: sel, Signal: processpb.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
+	}
+	res, _ := collect(s, false)
+	if res.end == nil || res.end.GetExited() || !strings.Contains(res.end.GetStatus(), "kill") {
+		t.Fatalf("killed: %+v", res.end)
+	}
+	_, err = e.proc.SendSignal(ctx, connect.NewRequest(&processpb.SendSignalRequest{Process: sel, Signal: processpb.Signal_SIGNAL_SIGKILL}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("signal to a finished process: %v", err)
+	}
+}
+
+func TestProcessPTY(t *testing.T) {
+	r := newRig(t)
+	e := r.envd(r.create(nil))
+	ctx := t.Context()
+	s, err := e.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: bash("read x; stty size"),
+		Pty: &processpb.PTY{Size: &processpb.PTY_Size{Rows: 20, Cols: 70}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, _ := collect(s, true)
+	sel := &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: head.pid}}
+	if _, err := e.proc.Update(ctx, connect.NewRequest(&processpb.UpdateRequest{Process: sel, Pty: &processpb.PTY{Size: &processpb.PTY_Size{Rows: 33, Cols: 99}}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.proc.SendInput(ctx, connect.NewRequest(&processpb.SendInputRequest{Process: sel,
+		Input: &processpb.ProcessInput{Input: &processpb.ProcessInput_Pty{Pty: []byte("\n")}}})); err != nil {
+		t.Fatal(err)
+	}
+	res, err := collect(s, false)
+	if err != nil || !strings.Contains(res.stdout, "33 99") {
+		t.Fatalf("pty: %q %v", res.stdout, err)
+	}
+}
+
+func TestFilesystem(t *testing.T) {
+	r := newRig(t)
+	c := r.create(nil)
+	e := r.envd(c)
+	ctx := t.Context()
+	mk, err := e.fs.MakeDir(ctx, connect.NewRequest(&fspb.MakeDirRequest{Path: "a/b"}))
+	if err != nil || mk.Msg.GetEntry().GetType() != fspb.FileType_FILE_TYPE_DIRECTORY || mk.Msg.GetEntry().GetPath() != "/workspace/a/b" {
+		t.Fatalf("mkdir: %v %v", mk, err)
+	}
+	if _, err := e.fs.MakeDir(ctx, connect.NewRequest(&fspb.MakeDirRequest{Path: "a/b"})); connect.CodeOf(err) != connect.CodeAlreadyExists {
+		t.Fatalf("mkdir again: %v", err)
+	}
+	upload(t, e, "a/b/f.txt", "hello")
+	if got := download(t, e, "/workspace/a/b/f.txt", 200); got != "hello" {
+		t.Fatalf("read back %q", got)
+	}
+	download(t, e, "a/missing", 404)
+	st, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "a/b/f.txt"}))
+	if err != nil || st.Msg.GetEntry().GetSize() != 5 || st.Msg.GetEntry().GetType() != fspb.FileType_FILE_TYPE_FILE || st.Msg.GetEntry().GetOwner() != "root" {
+		t.Fatalf("stat: %v %v", st, err)
+	}
+	if _, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "nope"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("stat missing: %v", err)
+	}
+	mv, err := e.fs.Move(ctx, connect.NewRequest(&fspb.MoveRequest{Source: "a/b/f.txt", Destination: "a/g.txt"}))
+	if err != nil || mv.Msg.GetEntry().GetName() != "g.txt" {
+		t.Fatalf("move: %v %v", mv, err)
+	}
+	ls, err := e.fs.ListDir(ctx, connect.NewRequest(&fspb.ListDirRequest{Path: "a", Depth: 1}))
+	if err != nil || names(ls.Msg.GetEntries()) != "b g.txt" {
+		t.Fatalf("list depth 1: %v %v", names(ls.Msg.GetEntries()), err)
+	}
+	upload(t, e, "a/b/deep.txt", "x")
+	ls, _ = e.fs.ListDir(ctx, connect.NewRequest(&fspb.ListDirRequest{Path: "a", Depth: 2}))
+	if names(ls.Msg.GetEntries()) != "b deep.txt g.txt" {
+		t.Fatalf("list depth 2: %v", names(ls.Msg.GetEntries()))
+	}
+	if _, err := e.fs.Remove(ctx, connect.NewRequest(&fspb.RemoveRequest{Path: "a"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "a"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("after remove: %v", err)
+	}
+	// A wrong token, or none, is refused.
+	hc := &http.Client{Transport: headerRT{base: r.client.Transport, hdr: http.Header{"E2b-Sandbox-Id": {c.SandboxID}, "X-Access-Token": {"nope"}}}}
+	resp, err := hc.Get(r.url + "/files?path=x")
+	if err != nil || resp.StatusCode != 401 {
+		t.Fatalf("bad token: %v %v", err, resp)
+	}
+}
+
+func names(es []*fspb.EntryInfo) string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.GetName())
+	}
+	return strings.Join(out, " ")
+}
+
+func upload(t *testing.T, e envd, path, content string) {
+	t.Helper()
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	fw, _ := mw.CreateFormFile("file", path)
+	io.WriteString(fw, content)
+	mw.Close()
+	resp, err := e.http.Post(e.url+"/files", mw.FormDataContentType(), &body)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("upload %s: %v %v", path, err, resp)
+	}
+	resp.Body.Close()
+}
+
+func download(t *testing.T, e envd, path string, want int) string {
+	t.Helper()
+	resp, err := e.http.Get(e.url + "/files?path=" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		t.Fatalf("download %s: %d %s", path, resp.StatusCode, b)
+	}
+	return string(b)
+}
+
+func TestWatchDir(t *testing.T) {
+	r := newRig(t)
+	e := r.envd(r.create(nil))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if _, err := e.fs.MakeDir(ctx, connect.NewRequest(&fspb.MakeDirRequest{Path: "w/sub"})); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.fs.WatchDir(ctx, connect.NewRequest(&fspb.WatchDirRequest{Path: "w", Recursive: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Receive() || s.Msg().GetStart() == nil {
+		t.Fatalf("no start event: %v", s.Err())
+	}
+	upload(t, e, "w/sub/new.txt", "x")
+	want := map[string]bool{"sub/new.txt create": false, "sub/new.txt write": false}
+	deadline := time.AfterFunc(10*time.Second, cancel)
+	defer deadline.Stop()
+	for s.Receive() {
+		if ev := s.Msg().GetFilesystem(); ev != nil {
+			k := ev.GetName() + " " + strings.ToLower(strings.TrimPrefix(ev.GetType().String(), "EVENT_TYPE_"))
+			if _, ok := want[k]; ok {
+				want[k] = true
+			}
+		}
+		if want["sub/new.txt create"] && want["sub/new.txt write"] {
+			break
+		}
+	}
+	if !want["sub/new.txt create"] || !want["sub/new.txt write"] {
+		t.Fatalf("events seen: %v (%v)", want, s.Err())
+	}
+	for p, want := range map[string]connect.Code{"w/sub/new.txt": connect.CodeInvalidArgument, "nope": connect.CodeNotFound} {
+		s, err := e.fs.WatchDir(ctx, connect.NewRequest(&fspb.WatchDirRequest{Path: p}))
+		if err == nil && !s.Receive() {
+			err = s.Err()
+		}
+		if connect.CodeOf(err) != want {
+			t.Fatalf("watching %s: %v, want %v", p, err, want)
+		}
+	}
+
+	// The polling form.
+	cw, err := e.fs.CreateWatcher(ctx, connect.NewRequest(&fspb.CreateWatcherRequest{Path: "w"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	upload(t, e, "w/p.txt", "y")
+	var got []string
+	for range 50 {
+		ev, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: cw.Msg.GetWatcherId()}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range ev.Msg.GetEvents() {
+			got = append(got, x.GetName())
+		}
+		if len(got) > 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(got) == 0 || got[0] != "p.txt" {
+		t.Fatalf("polled %v", got)
+	}
+	if _, err := e.fs.RemoveWatcher(ctx, connect.NewRequest(&fspb.RemoveWatcherRequest{WatcherId: cw.Msg.GetWatcherId()})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: cw.Msg.GetWatcherId()})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("removed watcher: %v", err)
+	}
+}
