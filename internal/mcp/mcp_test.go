@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/hutch-dev/hutch/internal/daemon"
 	"github.com/hutch-dev/hutch/internal/daemon/daemontest"
 	hutchmcp "github.com/hutch-dev/hutch/internal/mcp"
+	"github.com/hutch-dev/hutch/internal/server"
 	hutch "github.com/hutch-dev/hutch/sdk"
 )
 
@@ -382,4 +384,31 @@ func processes(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id stri
 	if msg := callErr(t, ctx, cs, "kill_process", map[string]any{"sandbox_id": id, "process_id": "nope"}); !strings.HasPrefix(msg, "not_found: ") {
 		t.Fatalf("kill unknown: %q", msg)
 	}
+}
+
+// The in-process transport fails closed: served where nothing has
+// authenticated the request (not behind Server.Mount), every call is
+// unauthenticated rather than trusted.
+func TestHandlerWithoutCaller(t *testing.T) {
+	t.Parallel()
+	srv := server.New(server.Config{})
+	hs := httptest.NewServer(hutchmcp.Handler(srv.InProcess, "test"))
+	defer hs.Close()
+	ctx := context.Background()
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	cs := connect(t, ctx, &mcp.StreamableClientTransport{Endpoint: hs.URL, HTTPClient: hc, MaxRetries: -1})
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"list_sandboxes", map[string]any{}},
+		{"create_sandbox", map[string]any{}},
+		{"run_command", map[string]any{"sandbox_id": "x", "cmd": "true"}},
+	} {
+		if msg := callErr(t, ctx, cs, c.tool, c.args); !strings.HasPrefix(msg, "unauthenticated: ") {
+			t.Errorf("%s without a caller: %q", c.tool, msg)
+		}
+	}
+	cs.Close()
 }
