@@ -1,0 +1,325 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hutch-dev/hutch/internal/errdefs"
+	"github.com/hutch-dev/hutch/internal/netpolicy"
+)
+
+// Proxy is the transparent egress proxy. Per accepted connection it finds
+// the sandbox and its current policy, reads the first bytes for a name
+// (TLS SNI or HTTP Host) and then:
+//
+//   - a name the policy admits on the original port: the proxy resolves
+//     the name itself and dials the first address the policy lets it dial,
+//     so a spoofed SNI or Host reaches only the named host. Plain HTTP is
+//     then proxied request by request (each request's Host must be that
+//     name, or it is answered 421), and hosts with credential rules get
+//     their TLS terminated with a leaf from the CA so the credentials can
+//     be added. Other TLS is replayed and spliced untouched.
+//   - no admitted name: the connection goes to its original address only
+//     if the policy admits that address as such (IPAllowed).
+//   - anything else is closed (plain HTTP first gets a 403 saying why).
+//
+// Servers that speak first (SMTP, MySQL, ...) never get a name: the client
+// sends nothing. Waiting the full PeekTimeout before dialing them would
+// add seconds to every such connection, and not waiting would let a slow
+// client skip the name check. The proxy waits only ServerFirstWait when
+// the name cannot change the outcome: the original address is admitted by
+// IPAllowed (so the connection may go there whatever the client says) and
+// the policy has no credential rules (so no name could need
+// interception). If bytes arrive later they flow to that admitted address,
+// which the policy allows anyway. In every other case the proxy waits up
+// to PeekTimeout, and a silent client then goes to its original address
+// only if IPAllowed admits it.
+type Proxy struct {
+	cfg  Config
+	bufs sync.Pool
+}
+
+// NewProxy returns a proxy; cfg.Lookup is required (Serve says so).
+func NewProxy(cfg Config) *Proxy {
+	p := &Proxy{cfg: cfg.withDefaults()}
+	p.bufs.New = func() any { b := make([]byte, maxPeek); return &b }
+	return p
+}
+
+// Serve accepts connections on ln until ctx ends, then closes ln, closes
+// every connection it is handling and returns nil once all of them are
+// done. Any other accept error ends Serve the same way and is returned.
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
+	if p.cfg.Lookup == nil {
+		ln.Close()
+		return errdefs.New(errdefs.ErrInvalidArgument, "egress proxy: Config.Lookup is required")
+	}
+	return serveListener(ctx, ln, p.handle)
+}
+
+// serveListener runs handle for each accepted connection on a goroutine it
+// owns and waits for them all before returning.
+func serveListener(ctx context.Context, ln net.Listener, handle func(context.Context, net.Conn)) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	defer ln.Close()
+	var delay time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if temporaryAcceptError(err) {
+				// Out of file descriptors and the like: back off as
+				// net/http does instead of spinning or giving up.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				select {
+				case <-time.After(delay):
+				case <-ctx.Done():
+				}
+				continue
+			}
+			return fmt.Errorf("egress accept: %w", err)
+		}
+		delay = 0
+		wg.Go(func() { handle(ctx, c) })
+	}
+}
+
+func temporaryAcceptError(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
+}
+
+// conn is one accepted connection on its way through the proxy.
+type conn struct {
+	c    net.Conn
+	pol  *netpolicy.Compiled
+	orig netip.AddrPort
+	d    Decision
+	head []byte // bytes read while looking for a name, replayed upstream
+}
+
+func (p *Proxy) handle(ctx context.Context, c net.Conn) {
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	defer c.Close()
+	cn := &conn{c: c, d: Decision{Time: time.Now(), Proto: "tcp"}}
+	defer func() { p.cfg.Log(cn.d) }()
+
+	id, pol, ok := p.cfg.Lookup(addrOf(c.RemoteAddr()))
+	if !ok || pol == nil {
+		cn.d.Reason = "unknown source address"
+		return
+	}
+	cn.d.Sandbox, cn.pol = id, pol
+	orig, err := p.cfg.OriginalDst(c)
+	if err != nil || !orig.Addr().IsValid() || orig.Port() == 0 {
+		cn.d.Reason = "no original destination"
+		return
+	}
+	cn.orig = orig
+	cn.d.IP, cn.d.Port = orig.Addr().Unmap(), int(orig.Port())
+	if pol.Mode() == netpolicy.DenyAll {
+		cn.d.Reason = "policy is deny-all"
+		return
+	}
+	bp := p.bufs.Get().(*[]byte)
+	defer p.bufs.Put(bp)
+	ipOK := pol.IPAllowed(cn.d.IP, cn.d.Port, p.cfg.Extra())
+	name, closed := p.peek(cn, *bp, ipOK && len(pol.Policy().Credentials) == 0)
+	if closed {
+		cn.d.Reason = "client sent nothing and closed"
+		return
+	}
+	p.route(ctx, cn, name, ipOK)
+}
+
+// route sends a connection where its name or address lets it go.
+func (p *Proxy) route(ctx context.Context, cn *conn, name string, ipOK bool) {
+	cn.d.Host = name
+	pol, port := cn.pol, cn.d.Port
+	switch {
+	case name != "" && pol.HostAllowed(name, port):
+		if cn.d.Proto == "http" {
+			p.serveHTTP(ctx, cn, name, false)
+			return
+		}
+		if cn.d.Proto == "tls" && pol.Intercepts(name) {
+			if p.cfg.CA == nil {
+				cn.d.Reason = "credential rule, but the proxy has no CA to intercept with"
+				return
+			}
+			p.serveHTTP(ctx, cn, name, true)
+			return
+		}
+		up, ip, err := p.dialName(ctx, pol, name, port)
+		cn.d.IP = ip
+		if err != nil {
+			cn.d.Reason = err.Error()
+			return
+		}
+		cn.d.Allowed, cn.d.Reason = true, "name allowed"
+		p.splice(ctx, cn, up)
+	case ipOK:
+		up, err := p.dialIP(ctx, pol, cn.d.IP, port, p.cfg.Extra())
+		if err != nil {
+			cn.d.Reason = err.Error()
+			return
+		}
+		cn.d.Allowed, cn.d.Reason = true, "address allowed"
+		p.splice(ctx, cn, up)
+	default:
+		if name == "" {
+			cn.d.Reason = "no name, and the address is not allowed"
+		} else {
+			cn.d.Reason = "name not allowed on this port, nor the address"
+		}
+		if cn.d.Proto == "http" {
+			refuseHTTP(cn.c, cn.d.Reason)
+		}
+	}
+}
+
+// peek reads the client's first bytes into buf until it can tell a name
+// (or that there is none), and leaves them in cn.head. quick selects the
+// short wait for a silent client described on Proxy. closed reports a
+// client that closed without sending anything.
+func (p *Proxy) peek(cn *conn, buf []byte, quick bool) (name string, closed bool) {
+	c := cn.c
+	deadline := cn.d.Time.Add(p.cfg.PeekTimeout)
+	first := deadline
+	if quick && p.cfg.ServerFirstWait < p.cfg.PeekTimeout {
+		first = cn.d.Time.Add(p.cfg.ServerFirstWait)
+	}
+	defer c.SetReadDeadline(time.Time{})
+	n := 0
+	for {
+		dl := deadline
+		if n == 0 {
+			dl = first
+		}
+		c.SetReadDeadline(dl)
+		m, err := c.Read(buf[n:])
+		n += m
+		cn.head = buf[:n]
+		if n > 0 {
+			st, nm := p.sniff(cn)
+			if st != needMore {
+				return nm, false
+			}
+			if n == len(buf) {
+				return "", false // a head this long is not one we read
+			}
+		}
+		if err != nil {
+			// A timeout or EOF mid-head: what has arrived carries no name
+			// we can trust, and a silent client has none at all.
+			return "", n == 0 && !isTimeout(err)
+		}
+	}
+}
+
+// sniff classifies cn.head and sets the decision's protocol.
+func (p *Proxy) sniff(cn *conn) (sniffState, string) {
+	b := cn.head
+	if b[0] == recordTypeHS {
+		cn.d.Proto = "tls"
+		st, name := sniffTLS(b)
+		if st == opaque {
+			cn.d.Proto = "tcp"
+		}
+		return st, name
+	}
+	st, name := sniffHTTP(b)
+	switch st {
+	case found:
+		cn.d.Proto = "http"
+	case opaque:
+		cn.d.Proto = "tcp"
+	}
+	return st, name
+}
+
+// splice replays the peeked bytes to up and copies both ways until both
+// sides are done, counting bytes. Between two *net.TCPConn io.Copy uses
+// splice(2), so the payload never enters user space.
+func (p *Proxy) splice(ctx context.Context, cn *conn, up net.Conn) {
+	stop := context.AfterFunc(ctx, func() { up.Close() })
+	defer stop()
+	defer up.Close()
+	if len(cn.head) > 0 {
+		n, err := up.Write(cn.head)
+		cn.d.BytesUp += int64(n)
+		if err != nil {
+			return
+		}
+	}
+	cn.head = nil
+	var wg sync.WaitGroup
+	var upN int64
+	wg.Go(func() {
+		upN = pipe(up, cn.c)
+	})
+	cn.d.BytesDown = pipe(cn.c, up)
+	wg.Wait()
+	cn.d.BytesUp += upN
+}
+
+// pipe copies src to dst. At src's EOF it half-closes dst so the other
+// side sees the end too; on an error it closes both, so the copy in the
+// other direction ends as well instead of waiting forever.
+func pipe(dst, src net.Conn) int64 {
+	n, err := io.Copy(dst, src)
+	if err == nil {
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+			return n
+		}
+	}
+	dst.Close()
+	src.Close()
+	return n
+}
+
+// refuseHTTP answers a refused plain-HTTP request with a 403 saying why,
+// then lets the client read it before the connection closes (closing with
+// unread request bytes would reset the connection and lose the answer).
+func refuseHTTP(c net.Conn, reason string) {
+	body := "hutch egress: " + reason + "\n"
+	c.SetDeadline(time.Now().Add(time.Second))
+	fmt.Fprintf(c, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+	}
+}
+
+// addrOf returns the IP of a connection's address, or the zero Addr.
+func addrOf(a net.Addr) netip.Addr {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	case *net.UDPAddr:
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	}
+	if a == nil {
+		return netip.Addr{}
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}

@@ -1,0 +1,390 @@
+package egress
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hutch-dev/hutch/internal/netpolicy"
+)
+
+// TestMain fails the run if a test leaves goroutines behind: Serve owns
+// every goroutine it starts, and ends them all with its context.
+func TestMain(m *testing.M) {
+	before := runtime.NumGoroutine()
+	code := m.Run()
+	if code == 0 {
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+			http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+			time.Sleep(50 * time.Millisecond)
+		}
+		if n := runtime.NumGoroutine(); n > before {
+			buf := make([]byte, 1<<20)
+			fmt.Fprintf(os.Stderr, "%d goroutines left over (%d before the tests):\n%s\n", n, before, buf[:runtime.Stack(buf, true)])
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// world is a small fake internet on loopback. Names resolve to addresses
+// in the documentation ranges (public as far as the policy is concerned),
+// and the proxy's Dial maps those to loopback servers, so the production
+// checks (loopback and private ranges always denied) stay in force.
+type world struct {
+	t        *testing.T
+	upCA     *CA            // signs the upstream servers' certificates
+	roots    *x509.CertPool // trusts upCA
+	hutchCA  *CA
+	names    map[string][]netip.Addr
+	backends map[netip.AddrPort]string // fake address -> real loopback address
+	dials    sync.Map                  // fake address string -> *atomic.Int64
+	lookups  sync.Map                  // name -> *atomic.Int64
+	servers  map[string]*httptest.Server
+
+	pol       atomic.Pointer[netpolicy.Compiled]
+	orig      origMap
+	decisions chan Decision
+
+	proxyAddr string
+	dnsUDP    string
+	dnsTCP    string
+	cancel    context.CancelFunc
+	served    chan error
+}
+
+var (
+	ipAllowed  = netip.MustParseAddr("203.0.113.10")
+	ipEvil     = netip.MustParseAddr("203.0.113.66")
+	ipAPI      = netip.MustParseAddr("203.0.113.20")
+	ipOther    = netip.MustParseAddr("203.0.113.21")
+	ipSrvFirst = netip.MustParseAddr("198.51.100.30")
+)
+
+// newWorld starts the upstream servers, a proxy and a resolver with
+// policy pol, all stopped at the end of the test.
+func newWorld(t *testing.T, pol netpolicy.Policy, tweak ...func(*Config)) *world {
+	t.Helper()
+	w := &world{t: t, names: map[string][]netip.Addr{}, backends: map[netip.AddrPort]string{},
+		servers: map[string]*httptest.Server{}, decisions: make(chan Decision, 1000)}
+	w.orig.m = map[string]netip.AddrPort{}
+	var err error
+	if w.upCA, err = LoadOrCreateCA(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	if w.hutchCA, err = LoadOrCreateCA(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	w.roots = x509.NewCertPool()
+	w.roots.AddCert(w.upCA.Certificate())
+	w.setPolicy(pol)
+
+	w.names["allowed.test"] = []netip.Addr{ipAllowed}
+	w.names["evil.test"] = []netip.Addr{ipEvil}
+	w.names["api.test"] = []netip.Addr{ipAPI}
+	w.names["other.test"] = []netip.Addr{ipOther}
+	w.names["metadata.test"] = []netip.Addr{netip.MustParseAddr("169.254.169.254")}
+	w.names["private.test"] = []netip.Addr{netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("127.0.0.1")}
+	w.names["v6.test"] = []netip.Addr{netip.MustParseAddr("2001:db8::1")}
+	for name, ip := range map[string]netip.Addr{"allowed": ipAllowed, "evil": ipEvil, "api": ipAPI, "other": ipOther} {
+		w.addHTTPServers(name, ip)
+	}
+	w.addBannerServer(netip.AddrPortFrom(ipSrvFirst, 25))
+
+	cfg := Config{
+		Lookup: func(src netip.Addr) (string, *netpolicy.Compiled, bool) {
+			if src != netip.MustParseAddr("127.0.0.1") {
+				return "", nil, false
+			}
+			return "sb1", w.pol.Load(), true
+		},
+		OriginalDst:   w.orig.lookup,
+		Dial:          w.dial,
+		LookupIP:      w.lookupIP,
+		CA:            w.hutchCA,
+		UpstreamRoots: w.roots,
+		Log:           func(d Decision) { w.decisions <- d },
+	}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	w.start(cfg)
+	return w
+}
+
+func (w *world) setPolicy(p netpolicy.Policy) {
+	c, err := netpolicy.Compile(p)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.pol.Store(c)
+}
+
+// echoHandler answers with the server's identity and what it received.
+func echoHandler(ident string) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Values("Authorization")
+		rw.Header().Set("X-Server", ident)
+		rw.Header().Set("X-Echo-Auth", fmt.Sprint(auth))
+		rw.Header().Set("Set-Cookie", "session="+r.Header.Get("X-Api-Key"))
+		rw.Header().Set("Trailer", "X-Trailer-Auth")
+		fmt.Fprintf(rw, "server=%s host=%s auth=%q key=%q", ident, r.Host, auth, r.Header.Values("X-Api-Key"))
+		rw.Header().Set("X-Trailer-Auth", fmt.Sprint(auth))
+	})
+}
+
+func (w *world) addHTTPServers(ident string, ip netip.Addr) {
+	tlsSrv := httptest.NewUnstartedServer(echoHandler(ident))
+	tlsSrv.TLS = &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		return w.upCA.Leaf(h.ServerName)
+	}}
+	tlsSrv.StartTLS()
+	w.t.Cleanup(tlsSrv.Close)
+	plain := httptest.NewServer(echoHandler(ident))
+	w.t.Cleanup(plain.Close)
+	w.backends[netip.AddrPortFrom(ip, 443)] = tlsSrv.Listener.Addr().String()
+	w.backends[netip.AddrPortFrom(ip, 80)] = plain.Listener.Addr().String()
+	w.servers[ident] = tlsSrv
+}
+
+// addBannerServer is a server that speaks first (like SMTP) and then
+// echoes.
+func (w *world) addBannerServer(at netip.AddrPort) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	w.t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				io.WriteString(c, "220 banner\r\n")
+				io.Copy(c, c)
+			})
+		}
+	})
+	w.backends[at] = ln.Addr().String()
+}
+
+func (w *world) start(cfg Config) {
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	dnsTCP, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	dnsUDP, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.proxyAddr, w.dnsTCP, w.dnsUDP = ln.Addr().String(), dnsTCP.Addr().String(), dnsUDP.LocalAddr().String()
+	w.served = make(chan error, 3)
+	p, r := NewProxy(cfg), NewResolver(cfg)
+	go func() { w.served <- p.Serve(ctx, ln) }()
+	go func() { w.served <- r.ServeTCP(ctx, dnsTCP) }()
+	go func() { w.served <- r.ServeUDP(ctx, dnsUDP) }()
+	w.t.Cleanup(w.stop)
+}
+
+// stop ends the proxy and resolver and checks that they return nil.
+func (w *world) stop() {
+	if w.cancel == nil {
+		return
+	}
+	w.cancel()
+	w.cancel = nil
+	for range 3 {
+		select {
+		case err := <-w.served:
+			if err != nil {
+				w.t.Errorf("serve: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			w.t.Fatal("Serve did not return after its context ended")
+		}
+	}
+}
+
+func (w *world) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("test dial %q: not an IP literal", addr)
+	}
+	n, _ := w.dials.LoadOrStore(addr, new(atomic.Int64))
+	n.(*atomic.Int64).Add(1)
+	real, ok := w.backends[ap]
+	if !ok {
+		return nil, fmt.Errorf("test dial %s: no such server", addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, real)
+}
+
+func (w *world) dialCount(ap netip.AddrPort) int64 {
+	n, ok := w.dials.Load(ap.String())
+	if !ok {
+		return 0
+	}
+	return n.(*atomic.Int64).Load()
+}
+
+func (w *world) lookupIP(_ context.Context, host string) ([]netip.Addr, error) {
+	n, _ := w.lookups.LoadOrStore(host, new(atomic.Int64))
+	n.(*atomic.Int64).Add(1)
+	ips, ok := w.names[host]
+	if !ok {
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	return ips, nil
+}
+
+func (w *world) lookupCount(host string) int64 {
+	n, ok := w.lookups.Load(host)
+	if !ok {
+		return 0
+	}
+	return n.(*atomic.Int64).Load()
+}
+
+// connect opens a connection to the proxy as if the sandbox had connected
+// to orig.
+func (w *world) connect(orig netip.AddrPort) net.Conn {
+	w.t.Helper()
+	c, err := net.Dial("tcp", w.proxyAddr)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.orig.set(c.LocalAddr().String(), orig)
+	w.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// client is an HTTP client inside the sandbox: it resolves names as the
+// sandbox would (the fake names), or sends every connection to spoof if
+// set, and trusts the upstream CA and hutch's CA.
+func (w *world) client(spoof netip.AddrPort) *http.Client {
+	roots := w.roots.Clone()
+	roots.AddCert(w.hutchCA.Certificate())
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			orig := spoof
+			if !orig.IsValid() {
+				host, port, _ := net.SplitHostPort(addr)
+				ips := w.names[host]
+				if len(ips) == 0 {
+					return nil, fmt.Errorf("no such host %s", host)
+				}
+				ap, err := netip.ParseAddrPort(net.JoinHostPort(ips[0].String(), port))
+				if err != nil {
+					return nil, err
+				}
+				orig = ap
+			}
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", w.proxyAddr)
+			if err != nil {
+				return nil, err
+			}
+			w.orig.set(c.LocalAddr().String(), orig)
+			return c, nil
+		},
+		TLSClientConfig:   &tls.Config{RootCAs: roots},
+		DisableKeepAlives: true,
+	}
+	w.t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+}
+
+func (w *world) get(c *http.Client, url string, hdr ...string) (*http.Response, string, error) {
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp, string(b), err
+}
+
+// decision waits for the next logged decision matching pred.
+func (w *world) decision(pred func(Decision) bool) Decision {
+	w.t.Helper()
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case d := <-w.decisions:
+			if pred(d) {
+				return d
+			}
+		case <-timeout:
+			w.t.Fatal("no matching decision logged")
+			return Decision{}
+		}
+	}
+}
+
+// origMap is the fake SO_ORIGINAL_DST: the test client records where it
+// meant to connect under its local address. The proxy may look before the
+// client has recorded it, so lookups wait a little.
+type origMap struct {
+	mu sync.Mutex
+	m  map[string]netip.AddrPort
+}
+
+func (o *origMap) set(local string, orig netip.AddrPort) {
+	o.mu.Lock()
+	o.m[local] = orig
+	o.mu.Unlock()
+}
+
+func (o *origMap) lookup(c net.Conn) (netip.AddrPort, error) {
+	key := c.RemoteAddr().String()
+	for range 400 {
+		o.mu.Lock()
+		ap, ok := o.m[key]
+		o.mu.Unlock()
+		if ok {
+			return ap, nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return netip.AddrPort{}, errors.New("no original destination recorded")
+}
+
+func allowList(hosts ...string) netpolicy.Policy {
+	p := netpolicy.Policy{Mode: netpolicy.AllowList}
+	for _, h := range hosts {
+		p.Allow = append(p.Allow, netpolicy.Rule{Host: h})
+	}
+	return p
+}
