@@ -140,6 +140,48 @@ func (e FileInfoType) Valid() bool {
 	}
 }
 
+// Defines values for NetworkPolicyMode.
+const (
+	NetworkPolicyModeAllowAll  NetworkPolicyMode = "allow-all"
+	NetworkPolicyModeAllowList NetworkPolicyMode = "allow-list"
+	NetworkPolicyModeDenyAll   NetworkPolicyMode = "deny-all"
+)
+
+// Valid indicates whether the value is a known member of the NetworkPolicyMode enum.
+func (e NetworkPolicyMode) Valid() bool {
+	switch e {
+	case NetworkPolicyModeAllowAll:
+		return true
+	case NetworkPolicyModeAllowList:
+		return true
+	case NetworkPolicyModeDenyAll:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxNetworkMode.
+const (
+	SandboxNetworkModeAllowAll  SandboxNetworkMode = "allow-all"
+	SandboxNetworkModeAllowList SandboxNetworkMode = "allow-list"
+	SandboxNetworkModeDenyAll   SandboxNetworkMode = "deny-all"
+)
+
+// Valid indicates whether the value is a known member of the SandboxNetworkMode enum.
+func (e SandboxNetworkMode) Valid() bool {
+	switch e {
+	case SandboxNetworkModeAllowAll:
+		return true
+	case SandboxNetworkModeAllowList:
+		return true
+	case SandboxNetworkModeDenyAll:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxState.
 const (
 	Creating  SandboxState = "creating"
@@ -314,11 +356,14 @@ type CreateSandboxRequest struct {
 	Id string `json:"id,omitempty"`
 
 	// IdleTimeout Seconds idle (no process but init, no open stream, terminal or transfer, no API call) until suspended; 0 = the default (300), -1 = never.
-	IdleTimeout int                           `json:"idle_timeout,omitempty"`
-	Labels      map[string]string             `json:"labels,omitempty"`
-	Limits      Limits                        `json:"limits,omitempty"`
-	Metadata    map[string]string             `json:"metadata,omitempty"`
-	OnTimeout   CreateSandboxRequestOnTimeout `json:"on_timeout,omitempty"`
+	IdleTimeout int               `json:"idle_timeout,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Limits      Limits            `json:"limits,omitempty"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+
+	// Network The network policy; absent: deny-all (loopback only).
+	Network   *NetworkPolicy                `json:"network,omitempty"`
+	OnTimeout CreateSandboxRequestOnTimeout `json:"on_timeout,omitempty"`
 
 	// RetireAfter Seconds suspended until retired (archive kept, nothing else); 0 = the default (18000), -1 = never.
 	RetireAfter int `json:"retire_after,omitempty"`
@@ -443,6 +488,32 @@ type ExitStatus struct {
 	TimedOut bool   `json:"timed_out"`
 }
 
+// ExposePortRequest defines model for ExposePortRequest.
+type ExposePortRequest struct {
+	// Port A TCP port in the sandbox (1-65535); the server may listen on 127.0.0.1.
+	Port int `json:"port"`
+
+	// Public No key or token needed.
+	Public bool `json:"public,omitempty"`
+}
+
+// ExposedPort defines model for ExposedPort.
+type ExposedPort struct {
+	// Path /v1/sandboxes/{id}/ports/{port}/
+	Path   string `json:"path"`
+	Port   int    `json:"port"`
+	Public bool   `json:"public"`
+	Token  string `json:"token,omitempty"`
+
+	// Url http://{port}-{id}.{domain}/ when the daemon has a domain.
+	Url string `json:"url,omitempty"`
+}
+
+// ExposedPortList defines model for ExposedPortList.
+type ExposedPortList struct {
+	Ports []ExposedPort `json:"ports"`
+}
+
 // FileInfo defines model for FileInfo.
 type FileInfo struct {
 	Gid        int    `json:"gid,omitempty"`
@@ -515,6 +586,61 @@ type MkdirRequest struct {
 	Path string `json:"path"`
 }
 
+// NetworkCredential defines model for NetworkCredential.
+type NetworkCredential struct {
+	Headers map[string]string `json:"headers"`
+	Host    string            `json:"host"`
+}
+
+// NetworkEvent defines model for NetworkEvent.
+type NetworkEvent struct {
+	Allowed   bool   `json:"allowed"`
+	BytesDown int64  `json:"bytes_down,omitempty"`
+	BytesUp   int64  `json:"bytes_up,omitempty"`
+	Host      string `json:"host,omitempty"`
+	Ip        string `json:"ip,omitempty"`
+	Port      int    `json:"port"`
+
+	// Proto tls, http, tcp or dns.
+	Proto  string    `json:"proto"`
+	Reason string    `json:"reason,omitempty"`
+	Time   time.Time `json:"time"`
+}
+
+// NetworkEventList defines model for NetworkEventList.
+type NetworkEventList struct {
+	Events []NetworkEvent `json:"events"`
+}
+
+// NetworkPolicy defines model for NetworkPolicy.
+type NetworkPolicy struct {
+	Allow []NetworkRule `json:"allow,omitempty"`
+
+	// Credentials Headers hutch adds or replaces on HTTP(S) requests to a host (TLS is terminated with the daemon's CA, which sandboxes trust); the sandbox never sees the values.
+	Credentials []NetworkCredential `json:"credentials,omitempty"`
+
+	// Deny IPs or CIDRs refused whatever else says.
+	Deny []string `json:"deny,omitempty"`
+
+	// Mode deny-all (the default): loopback only, no DNS. allow-all: TCP to anywhere and DNS, except private, link-local (the metadata address), loopback, the host's own addresses and other sandboxes unless a cidr rule names them. allow-list: exactly the allow rules. Other UDP, ICMP and IPv6 are refused in every mode.
+	Mode NetworkPolicyMode `json:"mode,omitempty"`
+}
+
+// NetworkPolicyMode deny-all (the default): loopback only, no DNS. allow-all: TCP to anywhere and DNS, except private, link-local (the metadata address), loopback, the host's own addresses and other sandboxes unless a cidr rule names them. allow-list: exactly the allow rules. Other UDP, ICMP and IPv6 are refused in every mode.
+type NetworkPolicyMode string
+
+// NetworkRule defines model for NetworkRule.
+type NetworkRule struct {
+	// Cidr An IP or CIDR (TCP).
+	Cidr string `json:"cidr,omitempty"`
+
+	// Host A name or a pattern *.example.com (names below it, not itself).
+	Host string `json:"host,omitempty"`
+
+	// Ports Empty: 80 and 443 for a host, every port for a cidr.
+	Ports []int `json:"ports,omitempty"`
+}
+
 // OpenTerminalRequest defines model for OpenTerminalRequest.
 type OpenTerminalRequest struct {
 	// Cmd Default: the sandbox's login shell.
@@ -581,17 +707,23 @@ type Sandbox struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	Limits      Limits            `json:"limits,omitempty"`
 	Metadata    map[string]string `json:"metadata,omitempty"`
-	OnTimeout   string            `json:"on_timeout,omitempty"`
-	Reason      string            `json:"reason,omitempty"`
-	RetireAfter int               `json:"retire_after,omitempty"`
-	State       SandboxState      `json:"state"`
-	Template    string            `json:"template,omitempty"`
+
+	// NetworkMode The network policy's mode; GET /sandboxes/{id}/network has the rest.
+	NetworkMode SandboxNetworkMode `json:"network_mode,omitempty"`
+	OnTimeout   string             `json:"on_timeout,omitempty"`
+	Reason      string             `json:"reason,omitempty"`
+	RetireAfter int                `json:"retire_after,omitempty"`
+	State       SandboxState       `json:"state"`
+	Template    string             `json:"template,omitempty"`
 
 	// TimeUsed Seconds of running time used (what timeout counts).
 	TimeUsed  float64   `json:"time_used,omitempty"`
 	Timeout   int       `json:"timeout,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
+
+// SandboxNetworkMode The network policy's mode; GET /sandboxes/{id}/network has the rest.
+type SandboxNetworkMode string
 
 // SandboxState defines model for Sandbox.State.
 type SandboxState string
@@ -908,6 +1040,12 @@ type RenameFileJSONRequestBody = RenameRequest
 // ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
 type ForkSandboxJSONRequestBody = ForkRequest
 
+// SetNetworkJSONRequestBody defines body for SetNetwork for application/json ContentType.
+type SetNetworkJSONRequestBody = NetworkPolicy
+
+// ExposePortJSONRequestBody defines body for ExposePort for application/json ContentType.
+type ExposePortJSONRequestBody = ExposePortRequest
+
 // StartProcessJSONRequestBody defines body for StartProcess for application/json ContentType.
 type StartProcessJSONRequestBody = StartProcessRequest
 
@@ -1185,10 +1323,56 @@ type ClientInterface interface {
 	// Corresponds with POST /sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandbox(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetNetwork A sandbox's network policy; credential header values are shown as "[redacted]".
+	//
+	// Corresponds with GET /sandboxes/{id}/network (the `GetNetwork` operationId).
+	GetNetwork(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetNetworkWithBody Replace a sandbox's network policy live; new connections follow it at once. A suspended sandbox gets it when it resumes.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /sandboxes/{id}/network (the `SetNetwork` operationId).
+	SetNetworkWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetNetwork Replace a sandbox's network policy live; new connections follow it at once. A suspended sandbox gets it when it resumes.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /sandboxes/{id}/network (the `SetNetwork` operationId).
+	SetNetwork(ctx context.Context, id SandboxID, body SetNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// NetworkEvents The sandbox's most recent egress decisions (up to 256), oldest first.
+	//
+	// Corresponds with GET /sandboxes/{id}/network/events (the `NetworkEvents` operationId).
+	NetworkEvents(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PauseSandbox Freeze every process; memory stays. Pausing a paused sandbox succeeds.
 	//
 	// Corresponds with POST /sandboxes/{id}/pause (the `PauseSandbox` operationId).
 	PauseSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListPorts performs a GET /sandboxes/{id}/ports (the `ListPorts` operationId) request.
+	ListPorts(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ExposePortWithBody Expose a port of the sandbox through the daemon, for HTTP and WebSocket, at /v1/sandboxes/{id}/ports/{port}/... and, when the daemon has a domain, at http://{port}-{id}.{domain}/... Requests need an API key of the sandbox's tenant or the port's token (header X-Hutch-Port-Token or query hutch_port_token), unless the port is public. Exposing an exposed port again replaces its setting and token.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /sandboxes/{id}/ports (the `ExposePort` operationId).
+	ExposePortWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ExposePort Expose a port of the sandbox through the daemon, for HTTP and WebSocket, at /v1/sandboxes/{id}/ports/{port}/... and, when the daemon has a domain, at http://{port}-{id}.{domain}/... Requests need an API key of the sandbox's tenant or the port's token (header X-Hutch-Port-Token or query hutch_port_token), unless the port is public. Exposing an exposed port again replaces its setting and token.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /sandboxes/{id}/ports (the `ExposePort` operationId).
+	ExposePort(ctx context.Context, id SandboxID, body ExposePortJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UnexposePort Stop exposing a port. Unexposing one not exposed succeeds.
+	//
+	// Corresponds with DELETE /sandboxes/{id}/ports/{port} (the `UnexposePort` operationId).
+	UnexposePort(ctx context.Context, id SandboxID, port int, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListProcesses performs a GET /sandboxes/{id}/processes (the `ListProcesses` operationId) request.
 	ListProcesses(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1849,11 +2033,137 @@ func (c *Client) ForkSandbox(ctx context.Context, id SandboxID, body ForkSandbox
 	return c.Client.Do(req)
 }
 
+// GetNetwork A sandbox's network policy; credential header values are shown as "[redacted]".
+//
+// Corresponds with GET /sandboxes/{id}/network (the `GetNetwork` operationId).
+func (c *Client) GetNetwork(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetNetworkRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetNetworkWithBody Replace a sandbox's network policy live; new connections follow it at once. A suspended sandbox gets it when it resumes.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /sandboxes/{id}/network (the `SetNetwork` operationId).
+func (c *Client) SetNetworkWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetNetworkRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetNetwork Replace a sandbox's network policy live; new connections follow it at once. A suspended sandbox gets it when it resumes.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /sandboxes/{id}/network (the `SetNetwork` operationId).
+func (c *Client) SetNetwork(ctx context.Context, id SandboxID, body SetNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetNetworkRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// NetworkEvents The sandbox's most recent egress decisions (up to 256), oldest first.
+//
+// Corresponds with GET /sandboxes/{id}/network/events (the `NetworkEvents` operationId).
+func (c *Client) NetworkEvents(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewNetworkEventsRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // PauseSandbox Freeze every process; memory stays. Pausing a paused sandbox succeeds.
 //
 // Corresponds with POST /sandboxes/{id}/pause (the `PauseSandbox` operationId).
 func (c *Client) PauseSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPauseSandboxRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListPorts performs a GET /sandboxes/{id}/ports (the `ListPorts` operationId) request.
+func (c *Client) ListPorts(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListPortsRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ExposePortWithBody Expose a port of the sandbox through the daemon, for HTTP and WebSocket, at /v1/sandboxes/{id}/ports/{port}/... and, when the daemon has a domain, at http://{port}-{id}.{domain}/... Requests need an API key of the sandbox's tenant or the port's token (header X-Hutch-Port-Token or query hutch_port_token), unless the port is public. Exposing an exposed port again replaces its setting and token.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /sandboxes/{id}/ports (the `ExposePort` operationId).
+func (c *Client) ExposePortWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewExposePortRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ExposePort Expose a port of the sandbox through the daemon, for HTTP and WebSocket, at /v1/sandboxes/{id}/ports/{port}/... and, when the daemon has a domain, at http://{port}-{id}.{domain}/... Requests need an API key of the sandbox's tenant or the port's token (header X-Hutch-Port-Token or query hutch_port_token), unless the port is public. Exposing an exposed port again replaces its setting and token.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /sandboxes/{id}/ports (the `ExposePort` operationId).
+func (c *Client) ExposePort(ctx context.Context, id SandboxID, body ExposePortJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewExposePortRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UnexposePort Stop exposing a port. Unexposing one not exposed succeeds.
+//
+// Corresponds with DELETE /sandboxes/{id}/ports/{port} (the `UnexposePort` operationId).
+func (c *Client) UnexposePort(ctx context.Context, id SandboxID, port int, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUnexposePortRequest(c.Server, id, port)
 	if err != nil {
 		return nil, err
 	}
@@ -3452,6 +3762,121 @@ func NewForkSandboxRequestWithBody(server string, id SandboxID, contentType stri
 	return req, nil
 }
 
+// NewGetNetworkRequest constructs an http.Request for the GetNetwork method
+func NewGetNetworkRequest(server string, id SandboxID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/network", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewSetNetworkRequest calls the generic SetNetwork builder with application/json body
+func NewSetNetworkRequest(server string, id SandboxID, body SetNetworkJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSetNetworkRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewSetNetworkRequestWithBody constructs an http.Request for the SetNetwork method, with any body, and a specified content type
+func NewSetNetworkRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/network", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewNetworkEventsRequest constructs an http.Request for the NetworkEvents method
+func NewNetworkEventsRequest(server string, id SandboxID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/network/events", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewPauseSandboxRequest constructs an http.Request for the PauseSandbox method
 func NewPauseSandboxRequest(server string, id SandboxID) (*http.Request, error) {
 	var err error
@@ -3479,6 +3904,128 @@ func NewPauseSandboxRequest(server string, id SandboxID) (*http.Request, error) 
 	}
 
 	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewListPortsRequest constructs an http.Request for the ListPorts method
+func NewListPortsRequest(server string, id SandboxID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/ports", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewExposePortRequest calls the generic ExposePort builder with application/json body
+func NewExposePortRequest(server string, id SandboxID, body ExposePortJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewExposePortRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewExposePortRequestWithBody constructs an http.Request for the ExposePort method, with any body, and a specified content type
+func NewExposePortRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/ports", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewUnexposePortRequest constructs an http.Request for the UnexposePort method
+func NewUnexposePortRequest(server string, id SandboxID, port int) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/ports/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -4631,12 +5178,66 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandboxWithResponse(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
 
+	// GetNetworkWithResponse A sandbox's network policy; credential header values are shown as "[redacted]".
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /sandboxes/{id}/network (the `GetNetwork` operationId).
+	GetNetworkWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*GetNetworkResponse, error)
+
+	// SetNetworkWithBodyWithResponse Replace a sandbox's network policy live; new connections follow it at once. A suspended sandbox gets it when it resumes.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /sandboxes/{id}/network (the `SetNetwork` operationId).
+	SetNetworkWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetNetworkResponse, error)
+
+	// SetNetworkWithResponse Replace a sandbox's network policy live; new connections follow it at once. A suspended sandbox gets it when it resumes.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /sandboxes/{id}/network (the `SetNetwork` operationId).
+	SetNetworkWithResponse(ctx context.Context, id SandboxID, body SetNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetNetworkResponse, error)
+
+	// NetworkEventsWithResponse The sandbox's most recent egress decisions (up to 256), oldest first.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /sandboxes/{id}/network/events (the `NetworkEvents` operationId).
+	NetworkEventsWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*NetworkEventsResponse, error)
+
 	// PauseSandboxWithResponse Freeze every process; memory stays. Pausing a paused sandbox succeeds.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /sandboxes/{id}/pause (the `PauseSandbox` operationId).
 	PauseSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error)
+
+	// ListPortsWithResponse performs a GET /sandboxes/{id}/ports (the `ListPorts` operationId) request.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	ListPortsWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ListPortsResponse, error)
+
+	// ExposePortWithBodyWithResponse Expose a port of the sandbox through the daemon, for HTTP and WebSocket, at /v1/sandboxes/{id}/ports/{port}/... and, when the daemon has a domain, at http://{port}-{id}.{domain}/... Requests need an API key of the sandbox's tenant or the port's token (header X-Hutch-Port-Token or query hutch_port_token), unless the port is public. Exposing an exposed port again replaces its setting and token.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /sandboxes/{id}/ports (the `ExposePort` operationId).
+	ExposePortWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ExposePortResponse, error)
+
+	// ExposePortWithResponse Expose a port of the sandbox through the daemon, for HTTP and WebSocket, at /v1/sandboxes/{id}/ports/{port}/... and, when the daemon has a domain, at http://{port}-{id}.{domain}/... Requests need an API key of the sandbox's tenant or the port's token (header X-Hutch-Port-Token or query hutch_port_token), unless the port is public. Exposing an exposed port again replaces its setting and token.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /sandboxes/{id}/ports (the `ExposePort` operationId).
+	ExposePortWithResponse(ctx context.Context, id SandboxID, body ExposePortJSONRequestBody, reqEditors ...RequestEditorFn) (*ExposePortResponse, error)
+
+	// UnexposePortWithResponse Stop exposing a port. Unexposing one not exposed succeeds.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /sandboxes/{id}/ports/{port} (the `UnexposePort` operationId).
+	UnexposePortWithResponse(ctx context.Context, id SandboxID, port int, reqEditors ...RequestEditorFn) (*UnexposePortResponse, error)
 
 	// ListProcessesWithResponse performs a GET /sandboxes/{id}/processes (the `ListProcesses` operationId) request.
 	//
@@ -5910,6 +6511,150 @@ func (r ForkSandboxResponse) ContentType() string {
 	return ""
 }
 
+type GetNetworkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *NetworkPolicy
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetNetworkResponse) GetJSON200() *NetworkPolicy {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r GetNetworkResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetNetworkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetNetworkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetNetworkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetNetworkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type SetNetworkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *NetworkPolicy
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SetNetworkResponse) GetJSON200() *NetworkPolicy {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r SetNetworkResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r SetNetworkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SetNetworkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SetNetworkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SetNetworkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type NetworkEventsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *NetworkEventList
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r NetworkEventsResponse) GetJSON200() *NetworkEventList {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r NetworkEventsResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r NetworkEventsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r NetworkEventsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r NetworkEventsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r NetworkEventsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type PauseSandboxResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5952,6 +6697,143 @@ func (r PauseSandboxResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r PauseSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ListPortsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ExposedPortList
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListPortsResponse) GetJSON200() *ExposedPortList {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ListPortsResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ListPortsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListPortsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListPortsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListPortsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ExposePortResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ExposedPort
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ExposePortResponse) GetJSON200() *ExposedPort {
+	return r.JSON200
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ExposePortResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ExposePortResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ExposePortResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ExposePortResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ExposePortResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type UnexposePortResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r UnexposePortResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r UnexposePortResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UnexposePortResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UnexposePortResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UnexposePortResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -7225,6 +8107,58 @@ func (c *ClientWithResponses) ForkSandboxWithResponse(ctx context.Context, id Sa
 	return ParseForkSandboxResponse(rsp)
 }
 
+// GetNetworkWithResponse A sandbox's network policy; credential header values are shown as "[redacted]".
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /sandboxes/{id}/network (the `GetNetwork` operationId).
+func (c *ClientWithResponses) GetNetworkWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*GetNetworkResponse, error) {
+	rsp, err := c.GetNetwork(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetNetworkResponse(rsp)
+}
+
+// SetNetworkWithBodyWithResponse Replace a sandbox's network policy live; new connections follow it at once. A suspended sandbox gets it when it resumes.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /sandboxes/{id}/network (the `SetNetwork` operationId).
+func (c *ClientWithResponses) SetNetworkWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetNetworkResponse, error) {
+	rsp, err := c.SetNetworkWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetNetworkResponse(rsp)
+}
+
+// SetNetworkWithResponse Replace a sandbox's network policy live; new connections follow it at once. A suspended sandbox gets it when it resumes.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /sandboxes/{id}/network (the `SetNetwork` operationId).
+func (c *ClientWithResponses) SetNetworkWithResponse(ctx context.Context, id SandboxID, body SetNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetNetworkResponse, error) {
+	rsp, err := c.SetNetwork(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetNetworkResponse(rsp)
+}
+
+// NetworkEventsWithResponse The sandbox's most recent egress decisions (up to 256), oldest first.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /sandboxes/{id}/network/events (the `NetworkEvents` operationId).
+func (c *ClientWithResponses) NetworkEventsWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*NetworkEventsResponse, error) {
+	rsp, err := c.NetworkEvents(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseNetworkEventsResponse(rsp)
+}
+
 // PauseSandboxWithResponse Freeze every process; memory stays. Pausing a paused sandbox succeeds.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -7236,6 +8170,56 @@ func (c *ClientWithResponses) PauseSandboxWithResponse(ctx context.Context, id S
 		return nil, err
 	}
 	return ParsePauseSandboxResponse(rsp)
+}
+
+// ListPortsWithResponse performs a GET /sandboxes/{id}/ports (the `ListPorts` operationId) request.
+//
+// Returns a wrapper object for the known response body format(s).
+func (c *ClientWithResponses) ListPortsWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ListPortsResponse, error) {
+	rsp, err := c.ListPorts(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListPortsResponse(rsp)
+}
+
+// ExposePortWithBodyWithResponse Expose a port of the sandbox through the daemon, for HTTP and WebSocket, at /v1/sandboxes/{id}/ports/{port}/... and, when the daemon has a domain, at http://{port}-{id}.{domain}/... Requests need an API key of the sandbox's tenant or the port's token (header X-Hutch-Port-Token or query hutch_port_token), unless the port is public. Exposing an exposed port again replaces its setting and token.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /sandboxes/{id}/ports (the `ExposePort` operationId).
+func (c *ClientWithResponses) ExposePortWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ExposePortResponse, error) {
+	rsp, err := c.ExposePortWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseExposePortResponse(rsp)
+}
+
+// ExposePortWithResponse Expose a port of the sandbox through the daemon, for HTTP and WebSocket, at /v1/sandboxes/{id}/ports/{port}/... and, when the daemon has a domain, at http://{port}-{id}.{domain}/... Requests need an API key of the sandbox's tenant or the port's token (header X-Hutch-Port-Token or query hutch_port_token), unless the port is public. Exposing an exposed port again replaces its setting and token.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /sandboxes/{id}/ports (the `ExposePort` operationId).
+func (c *ClientWithResponses) ExposePortWithResponse(ctx context.Context, id SandboxID, body ExposePortJSONRequestBody, reqEditors ...RequestEditorFn) (*ExposePortResponse, error) {
+	rsp, err := c.ExposePort(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseExposePortResponse(rsp)
+}
+
+// UnexposePortWithResponse Stop exposing a port. Unexposing one not exposed succeeds.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /sandboxes/{id}/ports/{port} (the `UnexposePort` operationId).
+func (c *ClientWithResponses) UnexposePortWithResponse(ctx context.Context, id SandboxID, port int, reqEditors ...RequestEditorFn) (*UnexposePortResponse, error) {
+	rsp, err := c.UnexposePort(ctx, id, port, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUnexposePortResponse(rsp)
 }
 
 // ListProcessesWithResponse performs a GET /sandboxes/{id}/processes (the `ListProcesses` operationId) request.
@@ -8317,6 +9301,105 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 	return response, nil
 }
 
+// ParseGetNetworkResponse parses an HTTP response from a GetNetworkWithResponse call
+func ParseGetNetworkResponse(rsp *http.Response) (*GetNetworkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetNetworkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest NetworkPolicy
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseSetNetworkResponse parses an HTTP response from a SetNetworkWithResponse call
+func ParseSetNetworkResponse(rsp *http.Response) (*SetNetworkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SetNetworkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest NetworkPolicy
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseNetworkEventsResponse parses an HTTP response from a NetworkEventsWithResponse call
+func ParseNetworkEventsResponse(rsp *http.Response) (*NetworkEventsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &NetworkEventsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest NetworkEventList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParsePauseSandboxResponse parses an HTTP response from a PauseSandboxWithResponse call
 func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -8337,6 +9420,101 @@ func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseListPortsResponse parses an HTTP response from a ListPortsWithResponse call
+func ParseListPortsResponse(rsp *http.Response) (*ListPortsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListPortsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ExposedPortList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseExposePortResponse parses an HTTP response from a ExposePortWithResponse call
+func ParseExposePortResponse(rsp *http.Response) (*ExposePortResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ExposePortResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ExposedPort
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseUnexposePortResponse parses an HTTP response from a UnexposePortWithResponse call
+func ParseUnexposePortResponse(rsp *http.Response) (*UnexposePortResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UnexposePortResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
 		var dest Error
@@ -9020,9 +10198,27 @@ type ServerInterface interface {
 	// its settings and the given labels and metadata. All are made or none.
 	// (POST /sandboxes/{id}/fork)
 	ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// GetNetwork A sandbox's network policy; credential header values are shown as "[redacted]".
+	// (GET /sandboxes/{id}/network)
+	GetNetwork(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// SetNetwork Replace a sandbox's network policy live; new connections follow it at once. A suspended sandbox gets it when it resumes.
+	// (PUT /sandboxes/{id}/network)
+	SetNetwork(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// NetworkEvents The sandbox's most recent egress decisions (up to 256), oldest first.
+	// (GET /sandboxes/{id}/network/events)
+	NetworkEvents(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// PauseSandbox Freeze every process; memory stays. Pausing a paused sandbox succeeds.
 	// (POST /sandboxes/{id}/pause)
 	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+
+	// (GET /sandboxes/{id}/ports)
+	ListPorts(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// ExposePort Expose a port of the sandbox through the daemon, for HTTP and WebSocket, at /v1/sandboxes/{id}/ports/{port}/... and, when the daemon has a domain, at http://{port}-{id}.{domain}/... Requests need an API key of the sandbox's tenant or the port's token (header X-Hutch-Port-Token or query hutch_port_token), unless the port is public. Exposing an exposed port again replaces its setting and token.
+	// (POST /sandboxes/{id}/ports)
+	ExposePort(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// UnexposePort Stop exposing a port. Unexposing one not exposed succeeds.
+	// (DELETE /sandboxes/{id}/ports/{port})
+	UnexposePort(w http.ResponseWriter, r *http.Request, id SandboxID, port int)
 
 	// (GET /sandboxes/{id}/processes)
 	ListProcesses(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -9915,6 +11111,84 @@ func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// GetNetwork operation middleware
+func (siw *ServerInterfaceWrapper) GetNetwork(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetNetwork(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// SetNetwork operation middleware
+func (siw *ServerInterfaceWrapper) SetNetwork(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetNetwork(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// NetworkEvents operation middleware
+func (siw *ServerInterfaceWrapper) NetworkEvents(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.NetworkEvents(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // PauseSandbox operation middleware
 func (siw *ServerInterfaceWrapper) PauseSandbox(w http.ResponseWriter, r *http.Request) {
 
@@ -9932,6 +11206,93 @@ func (siw *ServerInterfaceWrapper) PauseSandbox(w http.ResponseWriter, r *http.R
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.PauseSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListPorts operation middleware
+func (siw *ServerInterfaceWrapper) ListPorts(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListPorts(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ExposePort operation middleware
+func (siw *ServerInterfaceWrapper) ExposePort(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ExposePort(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UnexposePort operation middleware
+func (siw *ServerInterfaceWrapper) UnexposePort(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "port" -------------
+	var port int
+
+	err = runtime.BindStyledParameterWithOptions("simple", "port", r.PathValue("port"), &port, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "integer", Format: "", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "port", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UnexposePort(w, r, id, port)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -10693,6 +12054,12 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/suspend", wrapper.SuspendSandbox)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/resume", wrapper.ResumeSandbox)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/sandboxes/{id}/archive", wrapper.DownloadSandboxArchive)
+	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/sandboxes/{id}/network", wrapper.GetNetwork)
+	m.HandleFunc(http.MethodPut+" "+options.BaseURL+"/sandboxes/{id}/network", wrapper.SetNetwork)
+	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/sandboxes/{id}/network/events", wrapper.NetworkEvents)
+	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/sandboxes/{id}/ports", wrapper.ListPorts)
+	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/ports", wrapper.ExposePort)
+	m.HandleFunc(http.MethodDelete+" "+options.BaseURL+"/sandboxes/{id}/ports/{port}", wrapper.UnexposePort)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/exec", wrapper.Exec)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/sandboxes/{id}/exec/stream", wrapper.ExecStream)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/sandboxes/{id}/exec/ws", wrapper.ExecWebSocket)

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"io"
 	"io/fs"
+	"net"
 	"syscall"
 	"time"
 )
@@ -231,6 +232,14 @@ type FileAccessor interface {
 	Mkdir(ctx context.Context, id, path string, mode fs.FileMode) error
 	Remove(ctx context.Context, id, path string, recursive bool) error
 	Rename(ctx context.Context, id, from, to string) error
+}
+
+// PortDialer is an optional capability: a TCP connection to a port of a
+// sandbox, made from inside its network namespace (to its loopback), so
+// exposing a port needs no route into the sandbox and works under any
+// network policy.
+type PortDialer interface {
+	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
 }
 
 // ArchiveStats describe a packed writable layer.

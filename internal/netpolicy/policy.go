@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/hutch-dev/hutch/internal/errdefs"
 )
@@ -425,4 +426,17 @@ func parsePrefix(s string) (netip.Prefix, error) {
 
 func invalid(format string, args ...any) error {
 	return errdefs.New(errdefs.ErrInvalidArgument, format, args...)
+}
+
+// Event is one egress decision, as a sandbox's log and the API show it.
+type Event struct {
+	Time      time.Time `json:"time"`
+	Proto     string    `json:"proto"` // tls, http, tcp or dns
+	Host      string    `json:"host,omitempty"`
+	IP        string    `json:"ip,omitempty"`
+	Port      int       `json:"port"`
+	Allowed   bool      `json:"allowed"`
+	Reason    string    `json:"reason,omitempty"`
+	BytesUp   int64     `json:"bytes_up,omitempty"`
+	BytesDown int64     `json:"bytes_down,omitempty"`
 }

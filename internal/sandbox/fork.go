@@ -98,7 +98,7 @@ func (m *Manager) Fork(ctx context.Context, tenant, id string, o ForkOptions) ([
 	base := Spec{Base: s.Base, Layers: m.layerPaths(l.Chain), Env: s.Env, Cwd: s.Cwd, Limits: s.Limits,
 		Template: s.Template, Generation: s.Generation, ForkOf: id, Labels: o.Labels, Metadata: o.Metadata,
 		Timeout: s.Timeout, OnTimeout: s.OnTimeout, IdleTimeout: s.IdleTimeout, RetireAfter: s.RetireAfter,
-		NoAutoResume: s.NoAutoResume}
+		NoAutoResume: s.NoAutoResume, Network: s.Network}
 	if s.Pool != nil {
 		base.IdleTimeout = 0 // a pooled sandbox's "never" is the pool's, not the fork's
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/hutch-dev/hutch/internal/backend"
 	"github.com/hutch-dev/hutch/internal/blob"
 	"github.com/hutch-dev/hutch/internal/errdefs"
+	"github.com/hutch-dev/hutch/internal/netpolicy"
 	"github.com/hutch-dev/hutch/internal/store"
 )
 
@@ -76,6 +77,9 @@ type Options struct {
 	BuildTimeout time.Duration
 	// MaxPool bounds a template's warm pool (default 32).
 	MaxPool int
+	// Network enforces network policies; nil: every sandbox is deny-all
+	// and asking for more is refused.
+	Network Network
 }
 
 // Manager owns sandboxes.
@@ -134,6 +138,11 @@ type Spec struct {
 	// Pool marks a sandbox kept ready in a warm pool: it belongs to no
 	// tenant until a create claims it.
 	Pool *PoolRef `json:"pool,omitempty"`
+	// Network is the sandbox's network policy (nil: deny-all). It holds
+	// credential values: show it only through Redacted.
+	Network *netpolicy.Policy `json:"network,omitempty"`
+	// Ports are the sandbox's ports exposed through the daemon.
+	Ports []ExposedPort `json:"ports,omitempty"`
 }
 
 // Sandbox is the manager's view of one sandbox.
@@ -208,6 +217,9 @@ func NewID() string {
 // Create records and starts a sandbox for tenant. On failure nothing is
 // left: the record goes with the half-made sandbox.
 func (m *Manager) Create(ctx context.Context, tenant string, spec Spec) (Sandbox, error) {
+	if _, err := m.compilePolicy(spec.Network); err != nil {
+		return Sandbox{}, err
+	}
 	if spec.FromArchive != "" {
 		return m.createFromArchive(ctx, tenant, spec)
 	}
@@ -288,6 +300,16 @@ func (m *Manager) move(ctx context.Context, rec store.Sandbox, to State, reason 
 	if from != to && !canMove(from, to) {
 		return rec, &errdefs.TransitionError{ID: rec.ID, From: string(from), To: string(to)}
 	}
+	if to == Running && from != Running && from != Paused {
+		// A new init: give it its network. A create fails without it; a
+		// resume runs on with none (closed) and says so in the log.
+		if err := m.netUp(ctx, rec); err != nil {
+			if from == Creating {
+				return rec, err
+			}
+			m.log.Error("sandbox resumed without its network", "id", rec.ID, "err", err)
+		}
+	}
 	rec.State, rec.Reason = string(to), reason
 	if err := retime(&rec, from, to, time.Now()); err != nil {
 		return rec, err
@@ -295,6 +317,10 @@ func (m *Manager) move(ctx context.Context, rec store.Sandbox, to State, reason 
 	out, err := m.st.UpdateSandbox(context.WithoutCancel(ctx), rec)
 	if err == nil && from != to {
 		m.notify(from, to)
+		switch to {
+		case Suspended, Retired, Destroyed, Failed:
+			m.netDown(rec.ID)
+		}
 	}
 	return out, err
 }

@@ -153,13 +153,18 @@ func (m *Manager) handOver(ctx context.Context, tenant, id string, key poolKey, 
 	spec.Labels, spec.Metadata = req.Labels, req.Metadata
 	spec.Timeout, spec.OnTimeout, spec.IdleTimeout = req.Timeout, req.OnTimeout, req.IdleTimeout
 	spec.RetireAfter, spec.NoAutoResume = req.RetireAfter, req.NoAutoResume
+	spec.Network = req.Network
 	rec.Tenant, rec.Labels, rec.Metadata = tenant, req.Labels, req.Metadata
 	if rec.Spec, err = json.Marshal(spec); err != nil {
 		return Sandbox{}, err
 	}
 	rec.Extra, _ = json.Marshal(Timers{RunningSince: time.Now().UTC()})
+	if err := m.netUp(ctx, rec); err != nil {
+		return Sandbox{}, err
+	}
 	out, err := m.st.ReassignSandbox(context.WithoutCancel(ctx), rec)
 	if err != nil {
+		m.netDown(id)
 		return Sandbox{}, err
 	}
 	m.Touch(id)

@@ -72,8 +72,10 @@ func (m *Manager) recoverOne(ctx context.Context, rec store.Sandbox) {
 				return
 			}
 		}
+		m.recoverNet(ctx, rec)
 		m.log.Info("sandbox recovered", "id", rec.ID, "state", rec.State)
 	default:
+		m.recoverNet(ctx, rec)
 		m.log.Info("sandbox recovered", "id", rec.ID, "state", rec.State, "status", info.Status)
 	}
 }
@@ -212,4 +214,12 @@ func (m *Manager) retire(ctx context.Context, rec store.Sandbox, why string) err
 	}
 	_, err := m.move(ctx, rec, Retired, why)
 	return err
+}
+
+// recoverNet gives an adopted sandbox its network again: the daemon's
+// router (and every link into it) went with the old daemon.
+func (m *Manager) recoverNet(ctx context.Context, rec store.Sandbox) {
+	if err := m.netUp(ctx, rec); err != nil {
+		m.log.Error("sandbox recovered without its network", "id", rec.ID, "err", err)
+	}
 }

@@ -109,6 +109,12 @@ func isoCases(t testing.TB) map[string]isoCase {
 			body: api.RenameRequest{From: "rename-me.txt", To: "renamed.txt"}, control: 200},
 		"downloadArchive": {method: "GET", path: "/sandboxes/{id}/files/archive", query: "path=/workspace", control: 200},
 		"uploadArchive":   {method: "PUT", path: "/sandboxes/{id}/files/archive", query: "path=unpacked", body: tarball, control: 204},
+		"getNetwork":      {method: "GET", path: "/sandboxes/{id}/network", control: 200},
+		"setNetwork":      {method: "PUT", path: "/sandboxes/{id}/network", body: api.NetworkPolicy{Mode: "deny-all"}, control: 200},
+		"networkEvents":   {method: "GET", path: "/sandboxes/{id}/network/events", control: 200},
+		"exposePort":      {method: "POST", path: "/sandboxes/{id}/ports", body: api.ExposePortRequest{Port: 8080}, control: 200},
+		"listPorts":       {method: "GET", path: "/sandboxes/{id}/ports", control: 200},
+		"unexposePort":    {method: "DELETE", path: "/sandboxes/{id}/ports/{port}", control: 204},
 		"snapshotSandbox": {method: "POST", path: "/sandboxes/{id}/snapshot", body: api.SnapshotRequest{Template: "iso-snap"}, control: 201},
 		"forkSandbox":     {method: "POST", path: "/sandboxes/{id}/fork", body: api.ForkRequest{Count: 1}, control: 201},
 		// Templates are per tenant: TestTemplateIsolation runs these.
@@ -186,7 +192,7 @@ const isoTemplate = "iso-tmpl"
 
 // fill makes a case's request path for a sandbox and its processes.
 func (c isoCase) fill(id string, procs map[string]string, key string) string {
-	p := strings.NewReplacer("{id}", id, "{process}", procs[c.proc], "{key}", key, "{name}", isoTemplate).Replace("/v1" + c.path)
+	p := strings.NewReplacer("{id}", id, "{process}", procs[c.proc], "{key}", key, "{name}", isoTemplate, "{port}", "8080").Replace("/v1" + c.path)
 	if c.query != "" {
 		p += "?" + c.query
 	}

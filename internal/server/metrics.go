@@ -58,3 +58,13 @@ func (s *Server) SeedStates(counts map[sandbox.State]int) {
 		s.metrics.states.WithLabelValues(string(st)).Set(float64(n))
 	}
 }
+
+// Register adds collectors (another part's metrics) to /metrics.
+func (s *Server) Register(cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := s.metrics.reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -52,7 +52,12 @@ func (s *Server) requestID(next http.Handler) http.Handler {
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if trusted, _ := r.Context().Value(trustedKey{}).(bool); trusted {
-			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey, Tenant{Trusted: true})))
+			ctx := context.WithValue(r.Context(), tenantKey, Tenant{Trusted: true})
+			if id, port, path, isPort := s.portTarget(r); isPort {
+				s.servePort(w, r.WithContext(ctx), id, port, path)
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(ctx))
 			return
 		}
 		switch r.URL.Path {
@@ -61,6 +66,18 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		secret, ok := bearer(r)
+		if id, port, path, isPort := s.portTarget(r); isPort {
+			// An exposed port decides for itself (key, token or public);
+			// a bearer that is no hutch key belongs to the sandbox's app.
+			t := Tenant{}
+			if ok {
+				if key, err := s.st.Authenticate(r.Context(), secret); err == nil {
+					t.ID = key.Tenant
+				}
+			}
+			s.servePort(w, r.WithContext(context.WithValue(r.Context(), tenantKey, t)), id, port, path)
+			return
+		}
 		if !ok {
 			s.fail(w, r, errdefs.New(errdefs.ErrUnauthenticated, "this listener needs an API key: Authorization: Bearer <key>"))
 			return

@@ -55,6 +55,10 @@ func (s *Server) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 		Timeout: time.Duration(req.Timeout) * time.Second, OnTimeout: string(req.OnTimeout),
 		IdleTimeout: idle, RetireAfter: retire, NoAutoResume: req.AutoResume != nil && !*req.AutoResume, FromArchive: req.FromArchive,
 		Limits: backend.Limits{MemoryBytes: req.Limits.MemoryMb << 20, CPUMillis: req.Limits.CpuMillis, Pids: req.Limits.Pids}}
+	if req.Network != nil {
+		p := fromAPIPolicy(*req.Network)
+		spec.Network = &p
+	}
 	sb, err := s.mgr.Create(r.Context(), tenantOf(r.Context()).ID, spec)
 	if err != nil {
 		s.fail(w, r, err)
@@ -263,6 +267,10 @@ func toAPISandbox(sb sandbox.Sandbox) api.Sandbox {
 		Template: sp.Template, Generation: sp.Generation, ForkedFrom: sp.ForkOf, Env: sp.Env, Cwd: sp.Cwd, Hostname: sp.Hostname, Labels: sp.Labels,
 		Metadata: sp.Metadata, Timeout: int(sp.Timeout / time.Second), CreatedAt: sb.Created, UpdatedAt: sb.Updated,
 		Limits: api.Limits{MemoryMb: sp.Limits.MemoryBytes >> 20, CpuMillis: sp.Limits.CPUMillis, Pids: sp.Limits.Pids}}
+	out.NetworkMode = api.SandboxNetworkModeDenyAll
+	if sp.Network != nil && sp.Network.Mode != "" {
+		out.NetworkMode = api.SandboxNetworkMode(sp.Network.Mode)
+	}
 	if a := sb.Timers.Archive; a != nil {
 		out.Archive = &api.ArchiveInfo{Size: a.Size, Sha256: a.SHA256, Bytes: a.Bytes, CreatedAt: a.Created}
 	}

@@ -60,6 +60,9 @@ type Config struct {
 	Logger  *slog.Logger
 	Limits  Limits
 	Version string
+	// Domain, when set, routes http://{port}-{id}.{Domain}/ to the exposed
+	// ports of sandboxes.
+	Domain string
 }
 
 // Server serves the API.

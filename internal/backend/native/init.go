@@ -27,6 +27,13 @@ type InitConfig struct {
 	Cwd      string   `json:"cwd"`
 	TmpSize  int64    `json:"tmp_size"`
 	Landlock bool     `json:"landlock"`
+	// Nameserver goes into /etc/resolv.conf; empty: the file is left as
+	// the base has it.
+	Nameserver string `json:"nameserver,omitempty"`
+	// CA is a PEM certificate the sandbox trusts besides the base's: it
+	// is written to /etc/hutch/ca.pem and, with the base's bundle, to
+	// /etc/hutch/ca-bundle.crt.
+	CA []byte `json:"ca,omitempty"`
 }
 
 // Tree says where one received mount tree goes: into the overlay's lower
@@ -298,7 +305,10 @@ func populateRoot(cfg InitConfig, root string) error {
 			return fmt.Errorf("mkdir %s: %w", d, err)
 		}
 	}
-	return writeEtc(root, cfg.Hostname)
+	if err := writeEtc(root, cfg.Hostname); err != nil {
+		return err
+	}
+	return writeNetEtc(root, cfg)
 }
 
 func populateDev(dev string) error {
@@ -402,4 +412,47 @@ func nullStdio() error {
 		}
 	}
 	return nil
+}
+
+// caBundles are where bases keep their system trust bundle.
+var caBundles = []string{"etc/ssl/certs/ca-certificates.crt", "etc/pki/tls/certs/ca-bundle.crt", "etc/ssl/cert.pem"}
+
+// writeNetEtc writes the resolver and the daemon's CA into the root.
+func writeNetEtc(root string, cfg InitConfig) error {
+	if cfg.Nameserver != "" {
+		p := filepath.Join(root, "etc", "resolv.conf")
+		_ = os.Remove(p) // it may be a symlink in an image
+		if err := os.WriteFile(p, []byte("nameserver "+cfg.Nameserver+"\noptions ndots:0\n"), 0o644); err != nil {
+			return fmt.Errorf("write /etc/resolv.conf: %w", err)
+		}
+	}
+	if len(cfg.CA) == 0 {
+		return nil
+	}
+	dir := filepath.Join(root, "etc", "hutch")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), cfg.CA, 0o644); err != nil {
+		return fmt.Errorf("write /etc/hutch/ca.pem: %w", err)
+	}
+	var bundle []byte
+	for _, b := range caBundles {
+		if data, err := os.ReadFile(filepath.Join(root, b)); err == nil {
+			bundle = append(data, '\n')
+			break
+		}
+	}
+	bundle = append(bundle, cfg.CA...)
+	if err := os.WriteFile(filepath.Join(dir, "ca-bundle.crt"), bundle, 0o644); err != nil {
+		return fmt.Errorf("write /etc/hutch/ca-bundle.crt: %w", err)
+	}
+	return nil
+}
+
+// caEnv points the common TLS clients at the bundle with hutch's CA.
+var caEnv = []string{
+	"SSL_CERT_FILE=/etc/hutch/ca-bundle.crt", "REQUESTS_CA_BUNDLE=/etc/hutch/ca-bundle.crt",
+	"CURL_CA_BUNDLE=/etc/hutch/ca-bundle.crt", "GIT_SSL_CAINFO=/etc/hutch/ca-bundle.crt",
+	"PIP_CERT=/etc/hutch/ca-bundle.crt", "NODE_EXTRA_CA_CERTS=/etc/hutch/ca.pem",
 }

@@ -63,6 +63,12 @@ type Options struct {
 	// WarmInits is how many inits wait parked, ready to become sandboxes
 	// (default 2; negative: none).
 	WarmInits int
+	// Nameserver is the resolver sandboxes are given (the network
+	// gateway's); empty: /etc/resolv.conf stays as the base has it.
+	Nameserver string
+	// CA is the PEM certificate of the daemon's egress CA, which every
+	// sandbox trusts (credential injection terminates TLS with it).
+	CA []byte
 }
 
 func (o *Options) defaults() {

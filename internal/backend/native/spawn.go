@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -464,6 +465,11 @@ func (b *Backend) initConfig(st state, dir string) (InitConfig, []string) {
 		ID: st.ID, Hostname: hostname, Dir: dir,
 		Env: baseEnv(hostname, st.Root.Env, spec.Env), Cwd: orDefault(spec.Cwd, orDefault(st.Root.Cwd, "/workspace")),
 		TmpSize: b.opts.TmpSize, Landlock: !b.opts.NoLandlock,
+		Nameserver: b.opts.Nameserver, CA: b.opts.CA,
+	}
+	if len(b.opts.CA) > 0 {
+		// Before the image's and the spec's, which may set their own.
+		cfg.Env = append(slices.Clone(caEnv), cfg.Env...)
 	}
 	var sources []string
 	// Overlay lower layers, topmost first: template layers, then the base.
