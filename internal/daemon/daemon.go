@@ -6,6 +6,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/hutch-dev/hutch/internal/blob"
 	"github.com/hutch-dev/hutch/internal/e2b"
 	"github.com/hutch-dev/hutch/internal/mcp"
+	"github.com/hutch-dev/hutch/internal/netpolicy/gateway"
 	"github.com/hutch-dev/hutch/internal/sandbox"
 	"github.com/hutch-dev/hutch/internal/server"
 	"github.com/hutch-dev/hutch/internal/store"
@@ -43,6 +45,12 @@ type Config struct {
 	// Domain routes E2B SDK hosts on the TCP listener: 49983-<id>.Domain
 	// to the sandbox's envd and api.Domain to the E2B control API.
 	Domain string
+	// Network turns sandbox networking on (the router, egress proxy and
+	// resolver of internal/netpolicy/gateway); nil: every sandbox is
+	// deny-all. NetworkOptional starts the daemon without it, with a
+	// warning, when it cannot be set up (no nftables, say).
+	Network         *gateway.Options
+	NetworkOptional bool
 }
 
 // Daemon is a running daemon.
@@ -52,6 +60,7 @@ type Daemon struct {
 	Store   *store.Store
 	Manager *sandbox.Manager
 	Backend *native.Backend
+	Network *gateway.Gateway // nil without networking
 
 	cancel  context.CancelFunc
 	errc    chan error
@@ -87,7 +96,22 @@ func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	closers = append(closers, d.Store.Close)
-	if d.Backend, err = native.New(native.Options{DataDir: cfg.DataDir, WarmInits: cfg.WarmInits}); err != nil {
+	nopts := native.Options{DataDir: cfg.DataDir, WarmInits: cfg.WarmInits}
+	if cfg.Network != nil {
+		gopts := *cfg.Network
+		gopts.DataDir, gopts.Logger = cfg.DataDir, cfg.Logger
+		switch d.Network, err = gateway.New(gopts); {
+		case err == nil:
+			closers = append(closers, d.Network.Close)
+			nopts.Nameserver, nopts.CA = d.Network.Nameserver().String(), d.Network.CAPEM()
+		case cfg.NetworkOptional:
+			cfg.Logger.Warn("sandbox networking is off: every sandbox is deny-all", "err", err)
+			d.Network, err = nil, nil
+		default:
+			return nil, fmt.Errorf("sandbox networking: %w", err)
+		}
+	}
+	if d.Backend, err = native.New(nopts); err != nil {
 		return nil, err
 	}
 	closers = append(closers, d.Backend.Close)
@@ -95,10 +119,17 @@ func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := server.New(server.Config{Store: d.Store, Logger: cfg.Logger, Limits: cfg.Limits, Version: cfg.Version})
+	srv := server.New(server.Config{Store: d.Store, Logger: cfg.Logger, Limits: cfg.Limits, Version: cfg.Version, Domain: cfg.Domain})
+	var network sandbox.Network
+	if d.Network != nil {
+		network = d.Network
+		if err := srv.Register(d.Network.Collectors()...); err != nil {
+			return nil, err
+		}
+	}
 	if d.Manager, err = sandbox.New(ctx, d.Store, d.Backend, sandbox.Options{Logger: cfg.Logger,
 		OnTransition: srv.Metrics(), Blobs: blobs, ArchiveCap: cfg.ArchiveCap, ReapInterval: cfg.ReapInterval,
-		LayerDir: filepath.Join(cfg.DataDir, "layers"), PoolInterval: cfg.PoolInterval}); err != nil {
+		LayerDir: filepath.Join(cfg.DataDir, "layers"), PoolInterval: cfg.PoolInterval, Network: network}); err != nil {
 		return nil, err
 	}
 	closers = append(closers, d.Manager.Close)
