@@ -131,7 +131,11 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request, id string, po
 	}
 	tokenOK := token != "" && subtle.ConstantTimeCompare([]byte(token), []byte(ep.Token)) == 1
 	if !keyed && !tokenOK && !ep.Public {
-		if token != "" || caller.ID != "" {
+		if caller.ID != "" {
+			// Another tenant's key: as everywhere else, its sandboxes do
+			// not exist for this one.
+			s.fail(w, r, errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id))
+		} else if token != "" {
 			s.fail(w, r, errdefs.New(errdefs.ErrPermissionDenied, "this key or token does not open port %d of sandbox %s", port, id))
 		} else {
 			s.fail(w, r, errdefs.New(errdefs.ErrUnauthenticated, "port %d of sandbox %s needs an API key or its token (%s)", port, id, portTokenHeader))
