@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -34,12 +36,12 @@ func TestMain(m *testing.M) {
 
 // world is a daemon whose sandboxes' egress goes to the test internet.
 type world struct {
-	t  *testing.T
+	t  testing.TB
 	in *nettest.Internet
 	d  *daemon.Daemon
 }
 
-func newWorld(t *testing.T, mutate ...func(*daemon.Config)) *world {
+func newWorld(t testing.TB, mutate ...func(*daemon.Config)) *world {
 	t.Helper()
 	in := nettest.Start(t)
 	if _, err := os.Stat("/usr/bin/curl"); err != nil {
@@ -384,4 +386,71 @@ func TestCredentialInjection(t *testing.T) {
 	if err != nil || pol.Credentials[0].Headers["Authorization"] != "[redacted]" {
 		t.Fatalf("the API shows %+v (%v)", pol, err)
 	}
+}
+
+// A daemon restart takes the router (and every link) with it; the next
+// daemon gives running sandboxes their network back, policy and all.
+func TestNetworkSurvivesRestart(t *testing.T) {
+	in := nettest.Start(t)
+	if _, err := os.Stat("/usr/bin/curl"); err != nil {
+		t.Skip("the network tests run curl in the sandboxes (from the host base): apt-get install curl")
+	}
+	dir := t.TempDir()
+	for d := dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func() *daemon.Daemon {
+		d, err := daemon.Start(context.Background(), daemon.Config{DataDir: dir, Version: "test",
+			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Network: &gateway.Options{EgressNetNS: in.Path(), DNSUpstream: nettest.DNSAddr.String(), UpstreamRoots: in.CAPool}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d1 := start()
+	w := &world{t: t, in: in, d: d1}
+	id := w.create(netpolicy.Policy{Mode: netpolicy.AllowList, Allow: []netpolicy.Rule{{Host: "www.test"}}})
+	w.mustGet(id, "", "http://www.test/", "served-by=www.test")
+	if err := d1.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	d2 := start()
+	t.Cleanup(func() {
+		_ = d2.Manager.Delete(context.Background(), "", id)
+		_ = d2.Stop()
+	})
+	w.d = d2
+	w.mustGet(id, "", "http://www.test/", "served-by=www.test")
+	w.mustFail(id, "--resolve api.test:80:198.18.0.11", "http://api.test/")
+}
+
+// Suspend lets the init (and its namespace) go; resume makes a new one,
+// which gets the stored policy. A policy set while suspended applies then.
+func TestSuspendResumeKeepsPolicy(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	id := w.create(netpolicy.Policy{Mode: netpolicy.AllowList, Allow: []netpolicy.Rule{{Host: "www.test"}}})
+	w.mustGet(id, "", "http://www.test/", "served-by=www.test")
+	if _, err := w.d.Manager.Pause(ctx, "", id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.d.Manager.Resume(ctx, "", id); err != nil {
+		t.Fatal(err)
+	}
+	w.mustGet(id, "", "http://www.test/", "served-by=www.test")
+	if _, err := w.d.Manager.Suspend(ctx, "", id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.d.Manager.SetNetwork(ctx, "", id, netpolicy.Policy{Mode: netpolicy.AllowList,
+		Allow: []netpolicy.Rule{{Host: "api.test"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.d.Manager.Resume(ctx, "", id); err != nil {
+		t.Fatal(err)
+	}
+	w.mustGet(id, "", "http://api.test/", "served-by=api.test")
+	w.mustFail(id, "--resolve www.test:80:198.18.0.10", "http://www.test/")
 }

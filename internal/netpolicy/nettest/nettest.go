@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -178,10 +179,20 @@ func (in *Internet) addresses() error {
 	return nil
 }
 
-// handler answers "<name> <path>" and, at /headers, the request's
-// header names (never their values).
+// handler answers "served-by=<name> path=<path>", or N zero bytes at
+// /bytes/N (for throughput), and records the request's headers.
 func (in *Internet) handler(name string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n, ok := strings.CutPrefix(r.URL.Path, "/bytes/"); ok {
+			size, err := strconv.ParseInt(n, 10, 64)
+			if err != nil || size < 0 {
+				http.Error(w, "bad size", http.StatusBadRequest)
+				return
+			}
+			w.Header().Set("Content-Length", n)
+			_, _ = io.CopyN(w, zeros{}, size)
+			return
+		}
 		in.mu.Lock()
 		in.seen = append(in.seen, r.Header.Clone())
 		in.mu.Unlock()
@@ -285,4 +296,11 @@ func Ctx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
