@@ -144,7 +144,7 @@ func (p *Proxy) dialName(ctx context.Context, pol *netpolicy.Compiled, name stri
 	defer cancel()
 	ips, err := p.cfg.LookupIP(ctx, name)
 	if err != nil {
-		return nil, netip.Addr{}, fmt.Errorf("resolve %s: %w", name, errdefs.ErrUnavailable)
+		return nil, netip.Addr{}, fmt.Errorf("resolve %s: %w: %v", name, errdefs.ErrUnavailable, err)
 	}
 	extra := p.cfg.Extra()
 	var lastErr error

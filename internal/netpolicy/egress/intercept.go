@@ -284,8 +284,15 @@ func serveOneConn(ctx context.Context, c net.Conn, h http.Handler) {
 		c.Close() // a hijacked connection is no longer the server's to close
 	})
 	defer stop()
-	srv.Serve(&oneConnListener{c: c, done: done})
-	<-done
+	l := &oneConnListener{c: c, done: done}
+	srv.Serve(l)
+	if l.used {
+		// Serve returns as soon as Accept fails; the connection's own
+		// goroutine may still be running until it is closed.
+		<-done
+	} else {
+		c.Close() // ctx ended before Serve took the connection
+	}
 }
 
 // oneConnListener hands out one connection, then blocks until it is done.

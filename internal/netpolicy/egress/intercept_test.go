@@ -130,22 +130,6 @@ func TestInterceptVerifiesUpstream(t *testing.T) {
 func TestInterceptUpgrade(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, credPolicy())
-	up := w.servers["api"]
-	up.Config.Handler = http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != secretAuth {
-			http.Error(rw, "no credential", 401)
-			return
-		}
-		conn, brw, err := http.NewResponseController(rw).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		io.WriteString(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-Leak: "+secretAuth+"\r\n\r\n")
-		brw.Flush()
-		line, _ := brw.ReadString('\n')
-		io.WriteString(conn, "echo "+line)
-	})
 	roots := w.roots.Clone()
 	roots.AddCert(w.hutchCA.Certificate())
 	tc := tls.Client(w.connect(netip.AddrPortFrom(ipAPI, 443)), &tls.Config{ServerName: "api.test", RootCAs: roots})

@@ -165,11 +165,20 @@ func (p *Proxy) route(ctx context.Context, cn *conn, name string, ipOK bool) {
 		}
 		up, ip, err := p.dialName(ctx, pol, name, port)
 		cn.d.IP = ip
+		cn.d.Allowed, cn.d.Reason = true, "name allowed"
+		if err != nil && ipOK {
+			// The name reached no address the policy allows (or none
+			// answered), but the original address is allowed as such: the
+			// client could have gone there without naming anything, so
+			// this grants nothing new.
+			cn.d.IP = cn.orig.Addr().Unmap()
+			cn.d.Reason = "address allowed (the name reached no allowed address)"
+			up, err = p.dialIP(ctx, pol, cn.d.IP, port, p.cfg.Extra())
+		}
 		if err != nil {
-			cn.d.Reason = err.Error()
+			cn.d.Allowed, cn.d.Reason = false, err.Error()
 			return
 		}
-		cn.d.Allowed, cn.d.Reason = true, "name allowed"
 		p.splice(ctx, cn, up)
 	case ipOK:
 		up, err := p.dialIP(ctx, pol, cn.d.IP, port, p.cfg.Extra())

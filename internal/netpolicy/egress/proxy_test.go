@@ -176,6 +176,30 @@ func TestAllowedNameResolvingToDeniedRange(t *testing.T) {
 	if d.Allowed {
 		t.Errorf("decision %+v", d)
 	}
+
+	// Allow-all: the sandbox got the same denied address from DNS, so the
+	// original destination is denied too.
+	w.setPolicy(netpolicy.Policy{Mode: netpolicy.AllowAll})
+	c = w.client(netip.MustParseAddrPort("169.254.169.254:80"))
+	if resp, _, err := w.get(c, "http://metadata.test/latest/meta-data/"); err == nil && resp.StatusCode != http.StatusForbidden {
+		t.Errorf("allow-all reached the metadata name: %d", resp.StatusCode)
+	}
+	w.dials.Range(func(k, _ any) bool {
+		t.Errorf("dialed %v", k)
+		return true
+	})
+	// If the original address is itself allowed, a name that reaches no
+	// allowed address falls back to it (no more than sending no name).
+	c = w.client(netip.AddrPortFrom(ipAllowed, 443))
+	if _, body, err := w.get(c, "https://private.test/"); err != nil || !strings.HasPrefix(body, "server=allowed") {
+		t.Errorf("fallback to an allowed original address: %v %q", err, body)
+	}
+	w.dials.Range(func(k, _ any) bool {
+		if k != netip.AddrPortFrom(ipAllowed, 443).String() {
+			t.Errorf("dialed %v", k)
+		}
+		return true
+	})
 }
 
 func TestLivePolicySwap(t *testing.T) {

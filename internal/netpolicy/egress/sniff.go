@@ -24,6 +24,7 @@ const (
 	sniHostNameType  = 0
 	maxPeek          = 32 << 10 // a ClientHello with post-quantum key shares is ~2 KB; 32 KB is generous
 	maxClientHelloHS = maxPeek
+	maxHelloRecords  = 16
 )
 
 // sniffTLS reads the SNI from a ClientHello at the start of b, which may
@@ -32,7 +33,10 @@ const (
 func sniffTLS(b []byte) (sniffState, string) {
 	var hs []byte // the handshake bytes gathered so far
 	need := -1    // the handshake message's full length, once known
-	for len(b) > 0 {
+	for records := 0; len(b) > 0; records++ {
+		if records == maxHelloRecords {
+			return opaque, "" // real clients use one or two; tiny records only cost us
+		}
 		if len(b) < recordHeaderLen {
 			return needMore, ""
 		}

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,21 +25,33 @@ import (
 // TestMain fails the run if a test leaves goroutines behind: Serve owns
 // every goroutine it starts, and ends them all with its context.
 func TestMain(m *testing.M) {
-	before := runtime.NumGoroutine()
 	code := m.Run()
 	if code == 0 {
 		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+		left := leftover()
+		for len(left) > 0 && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
+			left = leftover()
 		}
-		if n := runtime.NumGoroutine(); n > before {
-			buf := make([]byte, 1<<20)
-			fmt.Fprintf(os.Stderr, "%d goroutines left over (%d before the tests):\n%s\n", n, before, buf[:runtime.Stack(buf, true)])
+		if len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "%d goroutines left over:\n\n%s\n", len(left), strings.Join(left, "\n\n"))
 			code = 1
 		}
 	}
 	os.Exit(code)
+}
+
+// leftover returns the stacks of the goroutines other than this one and
+// the runtime's (the signal loop the fuzzer and go test start).
+func leftover() []string {
+	buf := make([]byte, 1<<20)
+	var out []string
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n")[1:] {
+		if !strings.Contains(g, "os/signal.loop") {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // world is a small fake internet on loopback. Names resolve to addresses
@@ -46,7 +59,7 @@ func TestMain(m *testing.M) {
 // and the proxy's Dial maps those to loopback servers, so the production
 // checks (loopback and private ranges always denied) stay in force.
 type world struct {
-	t        *testing.T
+	t        testing.TB
 	upCA     *CA            // signs the upstream servers' certificates
 	roots    *x509.CertPool // trusts upCA
 	hutchCA  *CA
@@ -54,7 +67,6 @@ type world struct {
 	backends map[netip.AddrPort]string // fake address -> real loopback address
 	dials    sync.Map                  // fake address string -> *atomic.Int64
 	lookups  sync.Map                  // name -> *atomic.Int64
-	servers  map[string]*httptest.Server
 
 	pol       atomic.Pointer[netpolicy.Compiled]
 	orig      origMap
@@ -77,11 +89,11 @@ var (
 
 // newWorld starts the upstream servers, a proxy and a resolver with
 // policy pol, all stopped at the end of the test.
-func newWorld(t *testing.T, pol netpolicy.Policy, tweak ...func(*Config)) *world {
+func newWorld(t testing.TB, pol netpolicy.Policy, tweak ...func(*Config)) *world {
 	t.Helper()
-	w := &world{t: t, names: map[string][]netip.Addr{}, backends: map[netip.AddrPort]string{},
-		servers: map[string]*httptest.Server{}, decisions: make(chan Decision, 1000)}
+	w := &world{t: t, names: map[string][]netip.Addr{}, backends: map[netip.AddrPort]string{}, decisions: make(chan Decision, 1000)}
 	w.orig.m = map[string]netip.AddrPort{}
+	w.orig.waiters = map[string]chan struct{}{}
 	var err error
 	if w.upCA, err = LoadOrCreateCA(t.TempDir()); err != nil {
 		t.Fatal(err)
@@ -137,6 +149,10 @@ func (w *world) setPolicy(p netpolicy.Policy) {
 // echoHandler answers with the server's identity and what it received.
 func echoHandler(ident string) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/ws" {
+			upgradeEcho(rw, r)
+			return
+		}
 		auth := r.Header.Values("Authorization")
 		rw.Header().Set("X-Server", ident)
 		rw.Header().Set("X-Echo-Auth", fmt.Sprint(auth))
@@ -147,18 +163,37 @@ func echoHandler(ident string) http.Handler {
 	})
 }
 
+// upgradeEcho switches protocols if the request carries the test
+// credential (and tries to leak it in the 101's headers), then echoes one
+// line.
+func upgradeEcho(rw http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Authorization") != secretAuth {
+		http.Error(rw, "no credential", http.StatusUnauthorized)
+		return
+	}
+	conn, brw, err := http.NewResponseController(rw).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	io.WriteString(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-Leak: "+secretAuth+"\r\n\r\n")
+	brw.Flush()
+	line, _ := brw.ReadString('\n')
+	io.WriteString(conn, "echo "+line)
+}
+
 func (w *world) addHTTPServers(ident string, ip netip.Addr) {
 	tlsSrv := httptest.NewUnstartedServer(echoHandler(ident))
 	tlsSrv.TLS = &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		return w.upCA.Leaf(h.ServerName)
 	}}
+	tlsSrv.Config.ErrorLog = discardLog // refused handshakes are the point of many tests
 	tlsSrv.StartTLS()
 	w.t.Cleanup(tlsSrv.Close)
 	plain := httptest.NewServer(echoHandler(ident))
 	w.t.Cleanup(plain.Close)
 	w.backends[netip.AddrPortFrom(ip, 443)] = tlsSrv.Listener.Addr().String()
 	w.backends[netip.AddrPortFrom(ip, 80)] = plain.Listener.Addr().String()
-	w.servers[ident] = tlsSrv
 }
 
 // addBannerServer is a server that speaks first (like SMTP) and then
@@ -355,30 +390,48 @@ func (w *world) decision(pred func(Decision) bool) Decision {
 
 // origMap is the fake SO_ORIGINAL_DST: the test client records where it
 // meant to connect under its local address. The proxy may look before the
-// client has recorded it, so lookups wait a little.
+// client has recorded it, so a lookup waits for the record.
 type origMap struct {
-	mu sync.Mutex
-	m  map[string]netip.AddrPort
+	mu      sync.Mutex
+	m       map[string]netip.AddrPort
+	waiters map[string]chan struct{}
 }
 
 func (o *origMap) set(local string, orig netip.AddrPort) {
 	o.mu.Lock()
+	defer o.mu.Unlock()
 	o.m[local] = orig
-	o.mu.Unlock()
+	if ch, ok := o.waiters[local]; ok {
+		close(ch)
+		delete(o.waiters, local)
+	}
 }
 
 func (o *origMap) lookup(c net.Conn) (netip.AddrPort, error) {
 	key := c.RemoteAddr().String()
-	for range 400 {
-		o.mu.Lock()
-		ap, ok := o.m[key]
+	o.mu.Lock()
+	ap, ok := o.m[key]
+	if ok {
+		delete(o.m, key) // local ports are reused
 		o.mu.Unlock()
-		if ok {
-			return ap, nil
-		}
-		time.Sleep(5 * time.Millisecond)
+		return ap, nil
 	}
-	return netip.AddrPort{}, errors.New("no original destination recorded")
+	ch, ok := o.waiters[key]
+	if !ok {
+		ch = make(chan struct{})
+		o.waiters[key] = ch
+	}
+	o.mu.Unlock()
+	select {
+	case <-ch:
+	case <-time.After(2 * time.Second):
+		return netip.AddrPort{}, errors.New("no original destination recorded")
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ap = o.m[key]
+	delete(o.m, key)
+	return ap, nil
 }
 
 func allowList(hosts ...string) netpolicy.Policy {
