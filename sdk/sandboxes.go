@@ -32,6 +32,7 @@ type Sandbox struct {
 	AutoResume         bool          `json:"auto_resume"`            // calls on a paused or suspended sandbox resume it
 	TimeUsed           time.Duration `json:"time_used"`              // running time used (what Timeout counts); seconds in JSON
 	Archive            *ArchiveInfo  `json:"archive,omitempty"`      // the kept writable layer, once suspended
+	NetworkMode        NetworkMode   `json:"network_mode,omitempty"` // Network has the rest of the policy
 	CreatedAt          time.Time     `json:"created_at"`
 	UpdatedAt          time.Time     `json:"updated_at"`
 
@@ -52,7 +53,8 @@ func (c *Client) fromAPISandbox(s api.Sandbox) Sandbox {
 		Limits:         Limits{MemoryMiB: s.Limits.MemoryMb, CPUMillis: s.Limits.CpuMillis, Pids: s.Limits.Pids},
 		TimeoutSeconds: s.Timeout, OnTimeout: s.OnTimeout, IdleTimeoutSeconds: s.IdleTimeout,
 		RetireAfterSeconds: s.RetireAfter, AutoResume: s.AutoResume, TimeUsed: secondsDuration(s.TimeUsed),
-		Archive: fromAPIArchive(s.Archive), CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt, c: c}
+		Archive: fromAPIArchive(s.Archive), NetworkMode: NetworkMode(s.NetworkMode),
+		CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt, c: c}
 }
 
 // CreateOptions describe a new sandbox. The zero value is a sandbox on the
@@ -80,6 +82,9 @@ type CreateOptions struct {
 	// AutoResume says whether calls on a paused or suspended sandbox resume
 	// it first (nil = true); with false they fail with ErrConflict.
 	AutoResume *bool
+	// Network is the sandbox's network policy; nil = deny-all (loopback
+	// only).
+	Network *NetworkPolicy
 }
 
 // Create creates and starts a sandbox.
@@ -89,6 +94,10 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 		Limits:    api.Limits{MemoryMb: o.Limits.MemoryMiB, CpuMillis: o.Limits.CPUMillis, Pids: o.Limits.Pids},
 		OnTimeout: api.CreateSandboxRequestOnTimeout(o.OnTimeout), IdleTimeout: lifeSeconds(o.IdleTimeout),
 		RetireAfter: lifeSeconds(o.RetireAfter), AutoResume: o.AutoResume}
+	if o.Network != nil {
+		p := toAPIPolicy(*o.Network)
+		req.Network = &p
+	}
 	r, err := c.api.CreateSandboxWithResponse(ctx, req)
 	if err := c.check(r, err); err != nil {
 		return nil, err
