@@ -777,11 +777,14 @@ type StreamInputType string
 
 // Template defines model for Template.
 type Template struct {
-	Base      string             `json:"base"`
-	CreatedAt time.Time          `json:"created_at"`
-	Cwd       string             `json:"cwd,omitempty"`
-	Env       map[string]string  `json:"env,omitempty"`
-	Files     []TemplateFileInfo `json:"files,omitempty"`
+	Base string `json:"base"`
+
+	// BuildNetwork The build's network policy, credential values redacted.
+	BuildNetwork *NetworkPolicy     `json:"build_network,omitempty"`
+	CreatedAt    time.Time          `json:"created_at"`
+	Cwd          string             `json:"cwd,omitempty"`
+	Env          map[string]string  `json:"env,omitempty"`
+	Files        []TemplateFileInfo `json:"files,omitempty"`
 
 	// Generation The current generation; empty until built.
 	Generation string          `json:"generation,omitempty"`
@@ -848,7 +851,10 @@ type TemplateBuildEventType string
 type TemplateDefinition struct {
 	// Base host (default), dir:/path or oci:/path[#ref] (the last two on the local socket only).
 	Base string `json:"base,omitempty"`
-	Cwd  string `json:"cwd,omitempty"`
+
+	// BuildNetwork The network policy of the build (setup commands), e.g. an allow list of package registries; absent: deny-all. Sandboxes made from the template get the policy given at their create.
+	BuildNetwork *NetworkPolicy `json:"build_network,omitempty"`
+	Cwd          string         `json:"cwd,omitempty"`
 
 	// Env For the setup commands and every sandbox made from the template.
 	Env    map[string]string `json:"env,omitempty"`

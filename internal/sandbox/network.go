@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"slices"
 
 	"github.com/hutch-dev/hutch/internal/errdefs"
@@ -226,5 +227,21 @@ func (m *Manager) editPorts(ctx context.Context, tenant, id string, edit func([]
 		return err
 	}
 	m.Touch(id)
+	return nil
+}
+
+// buildNetwork gives a template's build sandbox the build's policy.
+func (m *Manager) buildNetwork(ctx context.Context, id string, p *netpolicy.Policy) error {
+	pol, err := m.compilePolicy(p)
+	if err != nil || !pol.Networked() {
+		return err
+	}
+	info, err := m.be.Inspect(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := m.opts.Network.Apply(ctx, id, info.Pid, pol); err != nil {
+		return fmt.Errorf("the build sandbox's network: %w", err)
+	}
 	return nil
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/hutch-dev/hutch/internal/backend"
 	"github.com/hutch-dev/hutch/internal/errdefs"
+	"github.com/hutch-dev/hutch/internal/netpolicy"
 	"github.com/hutch-dev/hutch/internal/store"
 	"github.com/hutch-dev/hutch/internal/tarfs"
 )
@@ -71,6 +72,9 @@ type TemplateDef struct {
 	Env    map[string]string `json:"env,omitempty"`
 	Cwd    string            `json:"cwd,omitempty"`
 	Limits backend.Limits    `json:"limits"`
+	// Network is the build's network policy (nil: deny-all): what the
+	// setup commands may reach. It holds credential values.
+	Network *netpolicy.Policy `json:"network,omitempty"`
 	// Snapshot is set on a template made by Snapshot: it has no recipe,
 	// only the generation the snapshot made.
 	Snapshot *SnapshotSource `json:"snapshot,omitempty"`
@@ -340,6 +344,9 @@ func (m *Manager) PutTemplate(ctx context.Context, tenant, name string, def Temp
 	def.Snapshot = nil
 	if err := normalizeDef(&def); err != nil {
 		return Template{}, err
+	}
+	if _, err := m.compilePolicy(def.Network); err != nil {
+		return Template{}, fmt.Errorf("build network: %w", err)
 	}
 	raw, err := json.Marshal(def)
 	if err != nil {
@@ -865,6 +872,10 @@ func (m *Manager) buildLayer(ctx context.Context, b *build, def TemplateDef, log
 	if _, err := m.be.Create(ctx, backend.Spec{ID: id, Base: def.Base, Env: def.Env, Cwd: def.Cwd, Limits: def.Limits}); err != nil {
 		return "", layerStats{}, fmt.Errorf("start the build sandbox: %w", err)
 	}
+	if err := m.buildNetwork(ctx, id, def.Network); err != nil {
+		return "", layerStats{}, err
+	}
+	defer m.netDown(id)
 	if err := m.seed(ctx, id, b, def); err != nil {
 		return "", layerStats{}, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/hutch-dev/hutch/api"
 	"github.com/hutch-dev/hutch/internal/backend"
 	"github.com/hutch-dev/hutch/internal/errdefs"
+	"github.com/hutch-dev/hutch/internal/netpolicy"
 	"github.com/hutch-dev/hutch/internal/sandbox"
 )
 
@@ -83,6 +84,10 @@ func toTemplateDef(r *http.Request, req api.TemplateDefinition) (sandbox.Templat
 		return def, err
 	}
 	def = sandbox.TemplateDef{Base: req.Base, Setup: req.Setup, Env: req.Env, Cwd: req.Cwd, Limits: lim}
+	if req.BuildNetwork != nil {
+		p := fromAPIPolicy(*req.BuildNetwork)
+		def.Network = &p
+	}
 	for _, f := range req.Files {
 		content, err := decodeContent(f)
 		if err != nil {
@@ -240,6 +245,12 @@ func toAPITemplate(t sandbox.Template, showTenant bool) api.Template {
 		CreatedAt: t.Created, UpdatedAt: t.Updated}
 	if showTenant {
 		out.Tenant = t.Tenant
+	}
+	if d.Network != nil {
+		if pol, err := netpolicy.Compile(*d.Network); err == nil {
+			p := toAPIPolicy(pol.Redacted())
+			out.BuildNetwork = &p
+		}
 	}
 	if d.Snapshot != nil {
 		out.Kind, out.SnapshotOf = api.Snapshot, d.Snapshot.Sandbox

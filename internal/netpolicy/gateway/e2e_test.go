@@ -454,3 +454,49 @@ func TestSuspendResumeKeepsPolicy(t *testing.T) {
 	w.mustGet(id, "", "http://api.test/", "served-by=api.test")
 	w.mustFail(id, "--resolve www.test:80:198.18.0.10", "http://www.test/")
 }
+
+// A template's build runs under its own policy (fetching from an allowed
+// host); its sandboxes get the policy of their create, pooled ones too.
+func TestTemplateBuildAndPoolNetwork(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	def := sandbox.TemplateDef{Setup: []string{"curl -fsS http://www.test/fetched-at-build > /workspace/fetched"},
+		Network: &netpolicy.Policy{Mode: netpolicy.AllowList, Allow: []netpolicy.Rule{{Host: "www.test"}}}}
+	if _, err := w.d.Manager.PutTemplate(ctx, "", "netbuild", def); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := w.d.Manager.BuildTemplate(ctx, "", "netbuild", nil); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := w.d.Manager.Create(ctx, "", sandbox.Spec{Template: "netbuild"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := w.sh(sb.ID, "cat /workspace/fetched"); !strings.Contains(out, "served-by=www.test path=/fetched-at-build") {
+		t.Fatalf("the build did not fetch: %q", out)
+	}
+	w.mustFail(sb.ID, "", "http://www.test/") // its own policy: deny-all
+
+	// A warm pool: a claimed sandbox gets the create's policy.
+	if _, err := w.d.Manager.SetPool(ctx, "", "netbuild", 1); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		tpl, err := w.d.Manager.GetTemplate(ctx, "", "netbuild")
+		if err == nil && tpl.PoolReady >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pool never filled")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	pooled, err := w.d.Manager.Create(ctx, "", sandbox.Spec{Template: "netbuild",
+		Network: &netpolicy.Policy{Mode: netpolicy.AllowList, Allow: []netpolicy.Rule{{Host: "api.test"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.mustGet(pooled.ID, "", "http://api.test/", "served-by=api.test")
+	w.mustFail(pooled.ID, "--resolve www.test:80:198.18.0.10", "http://www.test/")
+}
