@@ -375,3 +375,36 @@ func TestWatchDir(t *testing.T) {
 		t.Fatalf("removed watcher: %v", err)
 	}
 }
+
+func TestProcessStreamInput(t *testing.T) {
+	r := newRig(t)
+	e := r.envd(r.create(nil))
+	ctx := t.Context()
+	s, err := e.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: bash("head -c 10"), Stdin: ptr(true)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, _ := collect(s, true)
+	in := e.proc.StreamInput(ctx)
+	sel := &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: head.pid}}
+	msgs := []*processpb.StreamInputRequest{
+		{Event: &processpb.StreamInputRequest_Start{Start: &processpb.StreamInputRequest_StartEvent{Process: sel}}},
+		{Event: &processpb.StreamInputRequest_Keepalive{Keepalive: &processpb.StreamInputRequest_KeepAlive{}}},
+	}
+	for _, chunk := range []string{"01234", "56789"} {
+		msgs = append(msgs, &processpb.StreamInputRequest{Event: &processpb.StreamInputRequest_Data{Data: &processpb.StreamInputRequest_DataEvent{
+			Input: &processpb.ProcessInput{Input: &processpb.ProcessInput_Stdin{Stdin: []byte(chunk)}}}}})
+	}
+	for _, m := range msgs {
+		if err := in.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := in.CloseAndReceive(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := collect(s, false)
+	if err != nil || res.stdout != "0123456789" || res.end.GetExitCode() != 0 {
+		t.Fatalf("streamed input: %+v %v", res, err)
+	}
+}

@@ -75,6 +75,18 @@ test('commands: stdin, timeout, background and reconnect, list, kill', async () 
   assert.equal(await sbx.commands.kill(long.pid), false)
 })
 
+test('pty: create, input, resize', async () => {
+  const sbx = await create()
+  let out = ''
+  const dec = new TextDecoder()
+  const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d, { stream: true }) } })
+  await sbx.pty.resize(term.pid, { cols: 101, rows: 41 })
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size; exit 0\n'))
+  const res = await term.wait()
+  assert.equal(res.exitCode, 0)
+  assert.match(out, /41 101/)
+})
+
 test('files: write, read, list, exists, rename, remove and watch', async () => {
   const sbx = await create()
   const info = await sbx.files.write('notes/a.txt', 'alpha')
