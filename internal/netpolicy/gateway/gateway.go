@@ -249,9 +249,57 @@ func (g *Gateway) lookupIP() func(ctx context.Context, host string) ([]netip.Add
 			return g.dial(ctx, network, addr)
 		}}
 	}
+	c := &dnsCache{entries: map[string]dnsEntry{}}
 	return func(ctx context.Context, host string) ([]netip.Addr, error) {
-		return r.LookupNetIP(ctx, "ip4", host)
+		return c.lookup(ctx, host, func(ctx context.Context) ([]netip.Addr, error) {
+			return r.LookupNetIP(ctx, "ip4", host)
+		})
 	}
+}
+
+// dnsTTL is how long a lookup is reused. Short: it saves the upstream
+// round trip for a burst of connections (a package install) and keeps the
+// resolver's answers and the proxy's dials agreeing, without outliving a
+// real record's TTL by much. Every address is still checked before a dial.
+const dnsTTL = 5 * time.Second
+
+type dnsEntry struct {
+	addrs []netip.Addr
+	until time.Time
+}
+
+// dnsCache keeps successful lookups for dnsTTL (at most 4096 names).
+type dnsCache struct {
+	mu      sync.Mutex
+	entries map[string]dnsEntry
+}
+
+func (c *dnsCache) lookup(ctx context.Context, host string, resolve func(context.Context) ([]netip.Addr, error)) ([]netip.Addr, error) {
+	now := time.Now()
+	c.mu.Lock()
+	e, ok := c.entries[host]
+	c.mu.Unlock()
+	if ok && now.Before(e.until) {
+		return e.addrs, nil
+	}
+	addrs, err := resolve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if len(c.entries) >= 4096 {
+		for k, v := range c.entries {
+			if now.After(v.until) {
+				delete(c.entries, k)
+			}
+		}
+		if len(c.entries) >= 4096 {
+			clear(c.entries)
+		}
+	}
+	c.entries[host] = dnsEntry{addrs: addrs, until: now.Add(dnsTTL)}
+	c.mu.Unlock()
+	return addrs, nil
 }
 
 func (g *Gateway) extraRanges() []netip.Prefix {
