@@ -65,6 +65,7 @@ type Handler struct {
 	envd   http.Handler
 	procs  *procTable
 	watch  *watchers
+	errw   *connect.ErrorWriter
 }
 
 // New makes the handler, loading or creating its token secret.
@@ -76,7 +77,8 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, secret: secret, procs: newProcTable(), watch: newWatchers()}
+	h := &Handler{cfg: cfg, log: cfg.Logger, secret: secret, procs: newProcTable(), watch: newWatchers(),
+		errw: connect.NewErrorWriter()}
 	h.api = h.apiRoutes()
 	h.envd = h.envdRoutes()
 	return h, nil

@@ -66,15 +66,26 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	if err != nil || !h.tokenOK(sb.Tenant, id, r.Header.Get("X-Access-Token")) {
 		// Unknown and foreign sandboxes look the same as a bad token.
-		h.fail(w, r, errdefs.New(errdefs.ErrUnauthenticated, "envd of sandbox %s: a valid X-Access-Token is needed", id))
+		h.envdFail(w, r, errdefs.New(errdefs.ErrUnauthenticated, "envd of sandbox %s: a valid X-Access-Token is needed", id))
 		return
 	}
 	if _, err := h.cfg.Manager.Live(ctx, sb.Tenant, id); err != nil {
-		h.fail(w, r, err)
+		h.envdFail(w, r, err)
 		return
 	}
 	defer h.cfg.Manager.Hold(id)()
 	h.envd.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, target{tenant: sb.Tenant, id: id})))
+}
+
+// envdFail answers an error before any envd handler ran: as a connect
+// error to an RPC (so the SDK sees its code and message), as E2B's JSON
+// body otherwise.
+func (h *Handler) envdFail(w http.ResponseWriter, r *http.Request, err error) {
+	if h.errw.IsSupported(r) {
+		_ = h.errw.Write(w, r, h.rpcError(err))
+		return
+	}
+	h.fail(w, r, err)
 }
 
 // files returns the backend's file capability.

@@ -408,3 +408,34 @@ func TestProcessStreamInput(t *testing.T) {
 		t.Fatalf("streamed input: %+v %v", res, err)
 	}
 }
+
+func TestEnvdRefusals(t *testing.T) {
+	r := newRig(t)
+	c := r.create(nil) // created without autoResume
+	e := r.envd(c)
+	ctx := t.Context()
+	if st := r.do("POST", "/sandboxes/"+c.SandboxID+"/pause", map[string]any{}, nil); st != http.StatusNoContent {
+		t.Fatalf("pause: %d", st)
+	}
+	_, err := e.proc.List(ctx, connect.NewRequest(&processpb.ListRequest{}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("envd call on a paused sandbox without autoResume: %v", err)
+	}
+	bad := c
+	bad.EnvdAccessToken = "wrong"
+	_, err = r.envd(bad).fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "/"}))
+	if connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("bad token over connect: %v", err)
+	}
+
+	// With autoResume, traffic resumes it.
+	c2 := r.create(map[string]any{"autoResume": map[string]bool{"enabled": true}})
+	r.do("POST", "/sandboxes/"+c2.SandboxID+"/pause", map[string]any{}, nil)
+	if _, err := r.envd(c2).proc.List(ctx, connect.NewRequest(&processpb.ListRequest{})); err != nil {
+		t.Fatalf("envd call with autoResume: %v", err)
+	}
+	var got created
+	if r.do("GET", "/sandboxes/"+c2.SandboxID, nil, &got); got.State != "running" {
+		t.Fatalf("after traffic: %q", got.State)
+	}
+}
