@@ -42,14 +42,18 @@ import (
 // to PeekTimeout, and a silent client then goes to its original address
 // only if IPAllowed admits it.
 type Proxy struct {
-	cfg  Config
-	bufs sync.Pool
+	cfg      Config
+	bufs     sync.Pool // maxPeek: the peek, then the upload copy
+	copyBufs sync.Pool // copyBufSize: the download copy
 }
+
+const copyBufSize = 64 << 10
 
 // NewProxy returns a proxy; cfg.Lookup is required (Serve says so).
 func NewProxy(cfg Config) *Proxy {
 	p := &Proxy{cfg: cfg.withDefaults()}
 	p.bufs.New = func() any { b := make([]byte, maxPeek); return &b }
+	p.copyBufs.New = func() any { b := make([]byte, copyBufSize); return &b }
 	return p
 }
 
@@ -108,6 +112,7 @@ type conn struct {
 	orig netip.AddrPort
 	d    Decision
 	head []byte // bytes read while looking for a name, replayed upstream
+	buf  []byte // head's pooled buffer
 }
 
 func (p *Proxy) handle(ctx context.Context, c net.Conn) {
@@ -137,7 +142,8 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	bp := p.bufs.Get().(*[]byte)
 	defer p.bufs.Put(bp)
 	ipOK := pol.IPAllowed(cn.d.IP, cn.d.Port, p.cfg.Extra())
-	name, closed := p.peek(cn, *bp, ipOK && len(pol.Policy().Credentials) == 0)
+	cn.buf = *bp
+	name, closed := p.peek(cn, cn.buf, ipOK && len(pol.Policy().Credentials) == 0)
 	if closed {
 		cn.d.Reason = "client sent nothing and closed"
 		return
@@ -261,8 +267,14 @@ func (p *Proxy) sniff(cn *conn) (sniffState, string) {
 }
 
 // splice replays the peeked bytes to up and copies both ways until both
-// sides are done, counting bytes. Between two *net.TCPConn io.Copy uses
-// splice(2), so the payload never enters user space.
+// sides are done, counting bytes.
+//
+// It copies through user space rather than letting io.Copy use splice(2)
+// between the two TCP connections: on loopback (and the veths sandboxes
+// use are the same path) BenchmarkThroughput measured splice at 0.3-0.6×
+// a direct connection and a 64 KB copy at 0.75-0.9×. The client-to-
+// upstream direction reuses the 32 KB peek buffer, which is free once
+// replayed; the other gets 64 KB from a pool.
 func (p *Proxy) splice(ctx context.Context, cn *conn, up net.Conn) {
 	stop := context.AfterFunc(ctx, func() { up.Close() })
 	defer stop()
@@ -275,21 +287,24 @@ func (p *Proxy) splice(ctx context.Context, cn *conn, up net.Conn) {
 		}
 	}
 	cn.head = nil
+	bp := p.copyBufs.Get().(*[]byte)
+	defer p.copyBufs.Put(bp)
 	var wg sync.WaitGroup
 	var upN int64
 	wg.Go(func() {
-		upN = pipe(up, cn.c)
+		upN = pipe(up, cn.c, cn.buf)
 	})
-	cn.d.BytesDown = pipe(cn.c, up)
+	cn.d.BytesDown = pipe(cn.c, up, *bp)
 	wg.Wait()
 	cn.d.BytesUp += upN
 }
 
-// pipe copies src to dst. At src's EOF it half-closes dst so the other
-// side sees the end too; on an error it closes both, so the copy in the
-// other direction ends as well instead of waiting forever.
-func pipe(dst, src net.Conn) int64 {
-	n, err := io.Copy(dst, src)
+// pipe copies src to dst through buf. At src's EOF it half-closes dst so
+// the other side sees the end too; on an error it closes both, so the copy
+// in the other direction ends as well instead of waiting forever.
+func pipe(dst, src net.Conn, buf []byte) int64 {
+	// The wrappers hide ReaderFrom/WriterTo, which would pick splice(2).
+	n, err := io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
 	if err == nil {
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
 			return n
