@@ -272,6 +272,7 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request, tenant string) {
 		return
 	}
 	h.procs.forget(id)
+	h.watch.forget(id)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -147,8 +148,19 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if r.Header.Get("Content-Encoding") != "" {
-		h.fail(w, r, errdefs.New(errdefs.ErrNotImplemented, "Content-Encoding %q is not supported", r.Header.Get("Content-Encoding")))
+	var body io.Reader = r.Body
+	switch enc := r.Header.Get("Content-Encoding"); enc {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			h.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "gzip body: %v", err))
+			return
+		}
+		defer zr.Close()
+		body = zr
+	default:
+		h.fail(w, r, errdefs.New(errdefs.ErrNotImplemented, "Content-Encoding %q is not supported", enc))
 		return
 	}
 	var out []writeInfo
@@ -168,7 +180,7 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 	}
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if mt == "multipart/form-data" {
-		err = eachPart(multipart.NewReader(r.Body, params["boundary"]), func(part *multipart.Part) error {
+		err = eachPart(multipart.NewReader(body, params["boundary"]), func(part *multipart.Part) error {
 			// Not part.FileName(): it keeps only the base name, and the
 			// SDK sends the whole path there.
 			_, disp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
@@ -179,7 +191,7 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 			return write(p, part)
 		})
 	} else {
-		err = write(qpath, r.Body)
+		err = write(qpath, body)
 	}
 	if err != nil {
 		h.fail(w, r, err)

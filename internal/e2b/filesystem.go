@@ -305,6 +305,23 @@ func (ws *watchers) remove(sandbox, id string) error {
 	return nil
 }
 
+// forget removes the watchers of a sandbox that is gone.
+func (ws *watchers) forget(sandbox string) {
+	ws.mu.Lock()
+	var gone []*polled
+	for id, p := range ws.m {
+		if p.sandbox == sandbox {
+			gone = append(gone, p)
+			delete(ws.m, id)
+		}
+	}
+	ws.mu.Unlock()
+	for _, p := range gone {
+		_ = p.ws.Close()
+		<-p.done
+	}
+}
+
 func (ws *watchers) closeAll() {
 	ws.mu.Lock()
 	all := ws.m

@@ -96,6 +96,9 @@ test('files: write, read, list, exists, rename, remove and watch', async () => {
   assert.deepEqual(Array.from(bytes), Array.from(Buffer.from('alpha')))
 
   await sbx.files.write([{ path: '/workspace/notes/b.txt', data: 'beta' }, { path: 'notes/deep/c.txt', data: 'gamma' }])
+  await sbx.files.write('notes/zipped.txt', 'sent gzipped', { gzip: true })
+  assert.equal(await sbx.files.read('notes/zipped.txt', { gzip: true }), 'sent gzipped')
+  await sbx.files.remove('notes/zipped.txt')
   const names = (await sbx.files.list('notes')).map((e) => e.name).sort()
   assert.deepEqual(names, ['a.txt', 'b.txt', 'deep'])
   const deep = (await sbx.files.list('notes', { depth: 2 })).map((e) => e.name).sort()
