@@ -79,6 +79,7 @@ func rootCmd(g *globals) *cobra.Command {
 		execCmd(g), shellCmd(g), cpCmd(g), psCmd(g), logsCmd(g), killCmd(g), keysCmd(g), mcpCmd(g))
 	root.AddCommand(lifecycleCmds(g)...)
 	root.AddCommand(templateCmds(g)...)
+	root.AddCommand(networkCmd(g), portCmd(g))
 	return root
 }
 

@@ -38,6 +38,7 @@ type createFlags struct {
 	memory, cpu, pids       int64
 	timeout                 time.Duration
 	life                    lifecycleCreateFlags
+	net                     networkFlags
 }
 
 func (f *createFlags) register(c *cobra.Command) {
@@ -60,6 +61,13 @@ func (f *createFlags) options() (hutch.CreateOptions, error) {
 	}
 	if o.Labels, err = parseKV("label", f.labels); err != nil {
 		return o, err
+	}
+	if f.net.given() {
+		p, err := f.net.policy()
+		if err != nil {
+			return o, err
+		}
+		o.Network = &p
 	}
 	o.Metadata, err = parseKV("meta", f.meta)
 	return o, err
@@ -96,6 +104,7 @@ func createCmd(g *globals) *cobra.Command {
 	fl.StringArrayVar(&f.meta, "meta", nil, "metadata key=value (repeatable)")
 	fl.DurationVar(&f.timeout, "timeout", 0, "running time until --on-timeout, e.g. 30m; paused and suspended time do not count (default: no limit)")
 	f.life.register(c)
+	f.net.register(c)
 	return c
 }
 
@@ -240,6 +249,7 @@ func inspectTable(w io.Writer, sb *hutch.Sandbox) {
 		row("Timeout", (time.Duration(sb.TimeoutSeconds) * time.Second).String())
 	}
 	lifecycleRows(row, sb)
+	row("Network", string(sb.NetworkMode))
 	row("Created", sb.CreatedAt.Local().Format(time.RFC3339))
 	row("Updated", sb.UpdatedAt.Local().Format(time.RFC3339))
 }
