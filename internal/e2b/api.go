@@ -79,6 +79,10 @@ func (h *Handler) authed(fn func(http.ResponseWriter, *http.Request, string)) ht
 	}
 }
 
+// decodeBody reads a JSON body of at most maxBody bytes. Unlike hutch's own
+// API it accepts unknown fields: newer SDKs send fields older ones did not,
+// and refusing them would break clients that work against E2B. Fields that
+// change behaviour hutch lacks are refused explicitly (createRequest.spec).
 func decodeBody(r *http.Request, v any) error {
 	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	if err != nil {

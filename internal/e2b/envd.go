@@ -12,11 +12,16 @@ import (
 	"net/http"
 	"path"
 
+	"connectrpc.com/connect"
+
 	"github.com/hutch-dev/hutch/internal/backend"
 	"github.com/hutch-dev/hutch/internal/e2b/envdpb/filesystem/filesystempbconnect"
 	"github.com/hutch-dev/hutch/internal/e2b/envdpb/process/processpbconnect"
 	"github.com/hutch-dev/hutch/internal/errdefs"
 )
+
+// maxMessage bounds one envd request message.
+const maxMessage = 16 << 20
 
 // target is the sandbox an envd request acts on, found and authorized by
 // serveEnvd before any handler runs.
@@ -34,8 +39,11 @@ func targetOf(ctx context.Context) target {
 
 func (h *Handler) envdRoutes() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(processpbconnect.NewProcessHandler(&processService{h: h}))
-	mux.Handle(filesystempbconnect.NewFilesystemHandler(&filesystemService{h: h}))
+	// Bounded messages: stdin arrives in SendInput messages, nothing else
+	// is large.
+	limit := connect.WithReadMaxBytes(maxMessage)
+	mux.Handle(processpbconnect.NewProcessHandler(&processService{h: h}, limit))
+	mux.Handle(filesystempbconnect.NewFilesystemHandler(&filesystemService{h: h}, limit))
 	mux.HandleFunc("GET /files", h.download)
 	mux.HandleFunc("POST /files", h.upload)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
