@@ -1,8 +1,11 @@
 package hutch_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"os"
 	"strings"
@@ -412,3 +415,41 @@ func mustJSON(v any) string {
 }
 
 func sameJSON(a, b any) bool { return mustJSON(a) == mustJSON(b) }
+
+func ExampleCreateOptions_network() {
+	ctx := context.Background()
+	c, _ := hutch.FromEnv()
+	sb, err := c.Create(ctx, hutch.CreateOptions{Network: &hutch.NetworkPolicy{
+		Mode:  hutch.NetworkAllowList,
+		Allow: []hutch.NetworkRule{{Host: "api.github.com"}, {Host: "*.npmjs.org", Ports: []int{443}}},
+		// The sandbox's requests to api.github.com get this header on the
+		// way out; the sandbox never sees the token.
+		Credentials: []hutch.NetworkCredential{{Host: "api.github.com",
+			Headers: map[string]string{"Authorization": "Bearer " + os.Getenv("GITHUB_TOKEN")}}},
+	}})
+	if err != nil {
+		log.Fatal(err) // ErrFailedPrecondition: the daemon runs without networking
+	}
+	defer sb.Delete(context.Background())
+	p, _ := sb.Network(ctx)
+	fmt.Println(p.Credentials[0].Headers["Authorization"]) // [redacted]
+}
+
+func ExampleClient_PortClient() {
+	ctx := context.Background()
+	c, _ := hutch.FromEnv()
+	sb, _ := c.Create(ctx, hutch.CreateOptions{})
+	defer sb.Delete(context.Background())
+	_, _ = sb.StartProcess(ctx, "python3 -m http.server --bind 127.0.0.1 8000", hutch.ProcessOptions{})
+	ep, err := sb.ExposePort(ctx, 8000, false)
+	if err != nil {
+		log.Fatal(err)
+	}
+	hc, base := c.PortClient(*ep) // sends ep.Token in X-Hutch-Port-Token
+	resp, err := hc.Get(base + "index.html")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	fmt.Println(resp.Status)
+}
