@@ -144,6 +144,9 @@ func (req createRequest) spec() (sandbox.Spec, error) {
 		return sandbox.Spec{}, errdefs.New(errdefs.ErrNotImplemented, "allow_internet_access=false is not supported by hutch's E2B API")
 	}
 	timeout, err := seconds("timeout", req.Timeout, defaultTimeout)
+	if err == nil {
+		err = checkEnv(req.EnvVars)
+	}
 	if err != nil {
 		return sandbox.Spec{}, err
 	}

@@ -439,3 +439,99 @@ func TestEnvdRefusals(t *testing.T) {
 		t.Fatalf("after traffic: %q", got.State)
 	}
 }
+
+// TestBadInput: malformed requests get a clear error with a code, never a
+// 500 or a hang.
+func TestBadInput(t *testing.T) {
+	r := newRig(t)
+	c := r.create(nil)
+	e := r.envd(c)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"POST", "/v2/sandboxes", "{not json", 400},
+		{"POST", "/v2/sandboxes", `{"timeout": "soon"}`, 400},
+		{"POST", "/v2/sandboxes", `{"envVars": {"A=B": "v"}}`, 400},
+		{"POST", "/v2/sandboxes", `{"envVars": {"A": "v\u0000"}}`, 400},
+		{"POST", "/sandboxes/" + c.SandboxID + "/timeout", `{}`, 400},
+		{"POST", "/sandboxes/" + c.SandboxID + "/timeout", `{"timeout": 0}`, 400},
+		{"GET", "/v2/sandboxes?limit=0", "", 400},
+		{"GET", "/v2/sandboxes?order=sideways", "", 400},
+		{"GET", "/sandboxes/%00", "", 404},
+		{"PATCH", "/sandboxes/" + c.SandboxID, "{}", 404},
+	} {
+		req, _ := http.NewRequest(tc.method, r.url+tc.path, strings.NewReader(tc.body))
+		req.Header.Set("X-API-KEY", r.key)
+		resp, err := r.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want || !strings.Contains(string(b), `"code":`) {
+			t.Errorf("%s %s %.40q: %d %s, want %d with an E2B error body", tc.method, tc.path, tc.body, resp.StatusCode, b, tc.want)
+		}
+	}
+	for name, call := range map[string]func() error{
+		"start without cmd": func() error {
+			s, err := e.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{}))
+			if err == nil && !s.Receive() {
+				err = s.Err()
+			}
+			return err
+		},
+		"signal 0": func() error {
+			_, err := e.proc.SendSignal(ctx, connect.NewRequest(&processpb.SendSignalRequest{Process: &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: 1}}}))
+			return err
+		},
+		"empty selector": func() error {
+			_, err := e.proc.CloseStdin(ctx, connect.NewRequest(&processpb.CloseStdinRequest{Process: &processpb.ProcessSelector{}}))
+			return err
+		},
+		"bad env": func() error {
+			cfg := bash("true")
+			cfg.Envs = map[string]string{"": "x"}
+			s, err := e.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: cfg}))
+			if err == nil && !s.Receive() {
+				err = s.Err()
+			}
+			return err
+		},
+		"relative cwd": func() error {
+			cfg := bash("true")
+			cfg.Cwd = ptr("rel")
+			s, err := e.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: cfg}))
+			if err == nil && !s.Receive() {
+				err = s.Err()
+			}
+			return err
+		},
+		"NUL in a path": func() error {
+			_, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "a\x00b"}))
+			return err
+		},
+		"empty path": func() error {
+			_, err := e.fs.ListDir(ctx, connect.NewRequest(&fspb.ListDirRequest{}))
+			return err
+		},
+	} {
+		if code := connect.CodeOf(call()); code != connect.CodeInvalidArgument {
+			t.Errorf("%s: %v, want invalid_argument", name, code)
+		}
+	}
+	if _, err := e.fs.ListDir(ctx, connect.NewRequest(&fspb.ListDirRequest{Path: "/etc/hostname"})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Errorf("listing a file: %v", err)
+	}
+	for _, u := range []string{"/files", "/files?path=/etc"} {
+		resp, err := e.http.Get(e.url + u)
+		if err != nil || resp.StatusCode != 400 {
+			t.Errorf("GET %s: %v %v, want 400", u, err, resp)
+		}
+	}
+	resp, err := e.http.Post(e.url+"/files", "multipart/form-data; boundary=x", strings.NewReader("--x--\r\n"))
+	if err != nil || resp.StatusCode != 400 {
+		t.Errorf("upload without a file: %v %v", err, resp)
+	}
+}

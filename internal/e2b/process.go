@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -116,6 +117,12 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	cfg := m.GetProcess()
 	if cfg == nil || cfg.GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
+	}
+	if err := checkEnv(cfg.GetEnvs()); err != nil {
+		return s.h.rpcError(err)
+	}
+	if c := cfg.GetCwd(); c != "" && (!path.IsAbs(c) || strings.IndexByte(c, 0) >= 0) {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q: want an absolute path without NUL bytes", c))
 	}
 	er := backend.ExecRequest{Cmd: shellLine(cfg.GetCmd(), cfg.GetArgs()), Env: cfg.GetEnvs(), Cwd: cfg.GetCwd(),
 		Stdin: m.GetStdin(), Tag: m.GetTag(),
@@ -465,4 +472,14 @@ func (s *processService) Update(ctx context.Context, req *connect.Request[proces
 		return nil, s.h.rpcError(err)
 	}
 	return connect.NewResponse(&processpb.UpdateResponse{}), nil
+}
+
+// checkEnv refuses what no process environment can hold.
+func checkEnv(env map[string]string) error {
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return errdefs.New(errdefs.ErrInvalidArgument, "env %q: a name must be non-empty without '=' or NUL, a value without NUL", k)
+		}
+	}
+	return nil
 }
