@@ -27,13 +27,18 @@ var discardLog = log.New(io.Discard, "", 0)
 
 // serveHTTP proxies a connection request by request: plain HTTP to an
 // admitted name, or (useTLS) TLS terminated with a leaf for name because
-// the name has credential rules. Credentials are injected in both cases
-// (a credential rule for a host the sandbox talks plain HTTP to applies
-// there too). Every request's Host must be name, so a
-// connection opened for one host can neither reach another nor carry
-// another host's credentials; credentials replace whatever the client
-// sent, and no secret value of the policy comes back in a response header.
+// the name has credential rules. Credentials are injected in both cases (a
+// credential rule for a host the sandbox talks plain HTTP to applies there
+// too). Every request's Host must be name, so a connection opened for one
+// host can neither reach another nor carry another host's credentials;
+// credentials replace whatever the client sent, and no secret value of the
+// policy comes back in a response header.
 func (p *Proxy) serveHTTP(ctx context.Context, cn *conn, name string, useTLS bool) {
+	// The transport finishes a dial even after its request is gone (for
+	// reuse); dials are tied to this connection instead, so none outlives
+	// it.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	cn.d.Intercepted = true
 	counted := &countConn{Conn: &prefixConn{Conn: cn.c, head: cn.head}}
 	defer func() {
@@ -60,7 +65,7 @@ func (p *Proxy) serveHTTP(ctx context.Context, cn *conn, name string, useTLS boo
 		}
 		client = tc
 	}
-	h := p.newHTTPHandler(cn, name, useTLS)
+	h := p.newHTTPHandler(ctx, cn, name)
 	defer h.tr.CloseIdleConnections()
 	cn.d.Allowed, cn.d.Reason = true, "name allowed"
 	if h.creds != nil {
@@ -91,15 +96,48 @@ type httpHandler struct {
 // errBox gives atomic.Value one concrete type for every error.
 type errBox struct{ err error }
 
-func (p *Proxy) newHTTPHandler(cn *conn, name string, useTLS bool) *httpHandler {
+func (p *Proxy) newHTTPHandler(connCtx context.Context, cn *conn, name string) *httpHandler {
 	h := &httpHandler{p: p, pol: cn.pol, name: name, secrets: cn.pol.SecretValues(), creds: cn.pol.Credentials(name)}
-	port := cn.d.Port
 	scheme := "http"
-	if useTLS {
+	if cn.d.Proto == "tls" {
 		scheme = "https"
 	}
-	hostport := net.JoinHostPort(name, portString(port))
+	hostport := net.JoinHostPort(name, portString(cn.d.Port))
+	h.tr = h.transport(connCtx, cn.d.Port)
+	h.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = scheme, hostport
+			pr.Out.Host = pr.In.Host
+			// Set after the hop-by-hop headers are gone: a header the
+			// client listed in Connection cannot remove a credential.
+			for k, v := range h.creds {
+				pr.Out.Header.Set(k, v)
+			}
+		},
+		Transport:      h.tr,
+		FlushInterval:  -1, // stream (server-sent events, long polls) as it arrives
+		ErrorLog:       discardLog,
+		ModifyResponse: h.modifyResponse,
+		ErrorHandler:   h.errorHandler,
+	}
+	return h
+}
+
+// transport is the connection's own upstream transport: every dial goes
+// through the proxy's checked path to the connection's name, and upstream
+// certificates are verified against UpstreamRoots.
+func (h *httpHandler) transport(connCtx context.Context, port int) *http.Transport {
+	p, name := h.p, h.name
+	// bind ends a dial when either the transport gives up on it or the
+	// client connection is done.
+	bind := func(ctx context.Context) (context.Context, func()) {
+		ctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(connCtx, cancel)
+		return ctx, func() { stop(); cancel() }
+	}
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		ctx, done := bind(ctx)
+		defer done()
 		c, ip, err := p.dialName(ctx, h.pol, name, port)
 		if err != nil {
 			h.dialErr.Store(errBox{err})
@@ -108,11 +146,13 @@ func (p *Proxy) newHTTPHandler(cn *conn, name string, useTLS bool) *httpHandler 
 		h.dialed.Store(ip)
 		return c, nil
 	}
-	h.tr = &http.Transport{
+	return &http.Transport{
 		// Proxy stays nil: the environment's proxy settings must not
 		// redirect a sandbox's traffic.
 		DialContext: dial,
 		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			ctx, done := bind(ctx)
+			defer done()
 			c, err := dial(ctx, network, addr)
 			if err != nil {
 				return nil, err
@@ -132,23 +172,6 @@ func (p *Proxy) newHTTPHandler(cn *conn, name string, useTLS bool) *httpHandler 
 		TLSHandshakeTimeout:   dialTimeout,
 		ExpectContinueTimeout: time.Second,
 	}
-	h.rp = &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host = scheme, hostport
-			pr.Out.Host = pr.In.Host
-			// Set after the hop-by-hop headers are gone: a header the
-			// client listed in Connection cannot remove a credential.
-			for k, v := range h.creds {
-				pr.Out.Header.Set(k, v)
-			}
-		},
-		Transport:      h.tr,
-		FlushInterval:  -1, // stream (server-sent events, long polls) as it arrives
-		ErrorLog:       discardLog,
-		ModifyResponse: h.modifyResponse,
-		ErrorHandler:   h.errorHandler,
-	}
-	return h
 }
 
 func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
