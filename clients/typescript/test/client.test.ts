@@ -1,0 +1,82 @@
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { HutchClient, HutchError, isNotFound } from "../src/index.js";
+import { socketClient, tcpClient } from "./helpers.js";
+
+describe("HutchClient", () => {
+  const tcp = tcpClient();
+  const sock = socketClient();
+  let id = "";
+
+  before(async () => {
+    id = (await tcp.createSandbox({ labels: { suite: "client" }, env: { GREETING: "hello" } })).id;
+  });
+  after(async () => {
+    if (id) await tcp.deleteSandbox(id);
+  });
+
+  test("reaches the daemon over TCP with a key and over the unix socket", async () => {
+    assert.equal((await tcp.health()).status, "ok");
+    assert.equal((await sock.health()).backend, "native");
+    // The socket is trusted and sees the TCP tenant's sandbox.
+    assert.equal((await sock.getSandbox(id)).id, id);
+  });
+
+  test("a wrong key is unauthenticated, a missing sandbox not_found, each with its code", async () => {
+    const bad = new HutchClient({ host: process.env["HUTCH_TCP"]!, apiKey: "nope" });
+    await assert.rejects(bad.listSandboxes(), (e: unknown) => e instanceof HutchError && e.code === "unauthenticated" && e.status === 401);
+    await assert.rejects(tcp.getSandbox("no-such-sandbox"), (e: unknown) => isNotFound(e) && (e as HutchError).requestId !== undefined);
+    const nowhere = new HutchClient({ host: "unix:///nonexistent/hutch.sock" });
+    await assert.rejects(nowhere.health(), (e: unknown) => e instanceof HutchError && e.code === "unavailable");
+  });
+
+  test("lists by label and gets a sandbox", async () => {
+    const list = await tcp.listSandboxes({ label: ["suite=client"] });
+    assert.deepEqual(list.sandboxes.map((s) => s.id), [id]);
+    const sb = await tcp.getSandbox(id);
+    assert.equal(sb.state, "running");
+    assert.equal(sb.env?.["GREETING"], "hello");
+  });
+
+  test("exec buffers, execStream streams, with env, cwd and stdin", async () => {
+    const res = await tcp.exec(id, { cmd: 'echo "$GREETING $X" && pwd && cat', env: { X: "world" }, cwd: "/tmp", stdin: "in" });
+    assert.equal(res.exit_code, 0);
+    assert.equal(res.stdout, "hello world\n/tmp\nin");
+    const events = [];
+    for await (const ev of tcp.execStream(id, { cmd: "echo out; echo err >&2; exit 3" })) events.push(ev);
+    assert.equal(events[0]?.type, "start");
+    const exit = events.at(-1)!;
+    assert.equal(exit.type, "exit");
+    assert.equal(exit.exit_code, 3);
+    const out = events.filter((e) => e.type === "output").map((e) => `${e.stream}:${Buffer.from(e.data!, "base64")}`);
+    assert.deepEqual(out.sort(), ["stderr:err\n", "stdout:out\n"]);
+  });
+
+  test("files: write creating parents, read, stat, list, rename, remove", async () => {
+    const fi = await tcp.writeFile(id, "a/b/c.txt", "data", { mode: "0600" });
+    assert.equal(fi.path, "/workspace/a/b/c.txt");
+    assert.equal(fi.mode, "0600");
+    assert.equal((await tcp.readFile(id, "/workspace/a/b/c.txt")).toString(), "data");
+    assert.equal(await tcp.readFileIfExists(id, "a/missing"), null);
+    assert.equal((await tcp.stat(id, "a/b")).is_dir, true);
+    assert.deepEqual((await tcp.listFiles(id, "a", { depth: 3, glob: "**/*.txt" })).map((f) => f.path), ["/workspace/a/b/c.txt"]);
+    await tcp.rename(id, "a/b/c.txt", "a/d.txt");
+    assert.equal(await tcp.exists(id, "a/d.txt"), true);
+    await tcp.removeFile(id, "a", { recursive: true });
+    assert.equal(await tcp.exists(id, "a"), false);
+    await tcp.removeFile(id, "a", { force: true });
+  });
+
+  test("a background process: start, stdin, output from a sequence number, wait", async () => {
+    const p = await tcp.startProcess(id, { cmd: "cat", stdin: true, tag: "echoer" });
+    await tcp.writeStdin(id, "echoer", "one\n");
+    await tcp.writeStdin(id, p.id, "two\n", { close: true });
+    const done = await tcp.waitProcess(id, "echoer", 10);
+    assert.equal(done.exit?.exit_code, 0);
+    let out = "";
+    for await (const ev of tcp.processOutput(id, p.id, { fromSeq: 0 })) {
+      if (ev.type === "output") out += Buffer.from(ev.data!, "base64").toString();
+    }
+    assert.equal(out, "one\ntwo\n");
+  });
+});
