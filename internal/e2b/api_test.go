@@ -198,3 +198,33 @@ func TestControlErrorsAndRouting(t *testing.T) {
 		t.Fatalf("control API by host: %v %v", err, resp)
 	}
 }
+
+// TestTimeouts: the E2B timeout ends a sandbox (kill), or with autoPause
+// suspends it, and connect brings it back with its files.
+func TestTimeouts(t *testing.T) {
+	r := newRig(t)
+	killed := r.create(map[string]any{"timeout": 1})
+	paused := r.create(map[string]any{"timeout": 1, "autoPause": true})
+	e := r.envd(paused)
+	upload(t, e, "kept.txt", "kept")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var got created
+		stKilled := r.do("GET", "/sandboxes/"+killed.SandboxID, nil, nil)
+		r.do("GET", "/sandboxes/"+paused.SandboxID, nil, &got)
+		if stKilled == 404 && got.State == "paused" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the timeout: killed one answers %d, auto-paused one is %q", stKilled, got.State)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var conn created
+	if st := r.do("POST", "/v2/sandboxes/"+paused.SandboxID+"/connect", map[string]any{"timeout": 60}, &conn); st != http.StatusCreated {
+		t.Fatalf("connect: %d", st)
+	}
+	if got := download(t, e, "kept.txt", 200); got != "kept" {
+		t.Fatalf("after auto-pause and connect: %q", got)
+	}
+}
