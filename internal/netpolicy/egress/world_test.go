@@ -154,12 +154,21 @@ func echoHandler(ident string) http.Handler {
 			return
 		}
 		auth := r.Header.Values("Authorization")
+		if r.URL.Path == "/hints" {
+			// 103 Early Hints go to the client before ModifyResponse runs.
+			rw.Header().Set("Link", fmt.Sprintf("</style.css>; auth=%q", auth))
+			rw.Header().Set("X-Hint", "ok")
+			rw.WriteHeader(http.StatusEarlyHints)
+			rw.Header().Del("Link")
+			rw.Header().Del("X-Hint")
+		}
 		rw.Header().Set("X-Server", ident)
 		rw.Header().Set("X-Echo-Auth", fmt.Sprint(auth))
 		rw.Header().Set("Set-Cookie", "session="+r.Header.Get("X-Api-Key"))
-		rw.Header().Set("Trailer", "X-Trailer-Auth")
+		rw.Header().Set("Trailer", "X-Trailer-Auth, X-Trailer-Safe")
 		fmt.Fprintf(rw, "server=%s host=%s auth=%q key=%q", ident, r.Host, auth, r.Header.Values("X-Api-Key"))
 		rw.Header().Set("X-Trailer-Auth", fmt.Sprint(auth))
+		rw.Header().Set("X-Trailer-Safe", "ok")
 	})
 }
 
