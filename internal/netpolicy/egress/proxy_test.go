@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -177,6 +178,20 @@ func TestAllowedNameResolvingToDeniedRange(t *testing.T) {
 		t.Errorf("decision %+v", d)
 	}
 
+	// A name with denied and allowed addresses: only the allowed one is
+	// dialed.
+	w.setPolicy(allowList("mixed.test"))
+	if _, body, err := w.get(c, "https://mixed.test/"); err != nil || !strings.HasPrefix(body, "server=allowed") {
+		t.Errorf("mixed.test: %v %q", err, body)
+	}
+	w.dials.Range(func(k, _ any) bool {
+		if k != netip.AddrPortFrom(ipAllowed, 443).String() {
+			t.Errorf("dialed %v", k)
+		}
+		return true
+	})
+	w.dials.Clear()
+
 	// Allow-all: the sandbox got the same denied address from DNS, so the
 	// original destination is denied too.
 	w.setPolicy(netpolicy.Policy{Mode: netpolicy.AllowAll})
@@ -334,4 +349,46 @@ func TestServeNeedsLookup(t *testing.T) {
 	if err := NewProxy(Config{}).Serve(context.Background(), ln); err == nil {
 		t.Error("Serve without Lookup succeeded")
 	}
+}
+
+// The default dialer checks the address once more in its Control hook,
+// right before connect: an address the policy does not let the proxy dial
+// is never connected to, even if a caller skipped the check.
+func TestDefaultDialerChecksBeforeConnect(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- struct{}{}
+			c.Close()
+		}
+	}()
+	target := netip.MustParseAddrPort(ln.Addr().String())
+	p := NewProxy(Config{Lookup: func(netip.Addr) (string, *netpolicy.Compiled, bool) { return "", nil, false }})
+	allowAll, _ := netpolicy.Compile(netpolicy.Policy{Mode: netpolicy.AllowAll})
+	if c, err := p.dialIP(context.Background(), allowAll, target.Addr(), int(target.Port()), nil); err == nil {
+		c.Close()
+		t.Fatal("dialed loopback under allow-all")
+	} else if !errors.Is(err, errRefused) {
+		t.Errorf("err = %v, want a refusal", err)
+	}
+	select {
+	case <-accepted:
+		t.Fatal("the refused dial reached the listener")
+	case <-time.After(100 * time.Millisecond):
+	}
+	// A CIDR rule naming the address admits it.
+	named, _ := netpolicy.Compile(netpolicy.Policy{Mode: netpolicy.AllowList,
+		Allow: []netpolicy.Rule{{CIDR: "127.0.0.1", Ports: []int{int(target.Port())}}}})
+	c, err := p.dialIP(context.Background(), named, target.Addr(), int(target.Port()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	<-accepted
 }

@@ -111,7 +111,7 @@ func newWorld(t testing.TB, pol netpolicy.Policy, tweak ...func(*Config)) *world
 	w.names["other.test"] = []netip.Addr{ipOther}
 	w.names["metadata.test"] = []netip.Addr{netip.MustParseAddr("169.254.169.254")}
 	w.names["private.test"] = []netip.Addr{netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("127.0.0.1")}
-	w.names["v6.test"] = []netip.Addr{netip.MustParseAddr("2001:db8::1")}
+	w.names["mixed.test"] = []netip.Addr{netip.MustParseAddr("169.254.169.254"), netip.MustParseAddr("10.0.0.1"), ipAllowed}
 	for name, ip := range map[string]netip.Addr{"allowed": ipAllowed, "evil": ipEvil, "api": ipAPI, "other": ipOther} {
 		w.addHTTPServers(name, ip)
 	}
