@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/hutch-dev/hutch/internal/e2b"
 	fspb "github.com/hutch-dev/hutch/internal/e2b/envdpb/filesystem"
 	processpb "github.com/hutch-dev/hutch/internal/e2b/envdpb/process"
 )
@@ -533,5 +534,37 @@ func TestBadInput(t *testing.T) {
 	resp, err := e.http.Post(e.url+"/files", "multipart/form-data; boundary=x", strings.NewReader("--x--\r\n"))
 	if err != nil || resp.StatusCode != 400 {
 		t.Errorf("upload without a file: %v %v", err, resp)
+	}
+}
+
+// TestSweep: what the handler keeps per sandbox goes once the sandbox has
+// ended some other way than E2B's kill (here hutch's own delete).
+func TestSweep(t *testing.T) {
+	defer e2b.SetSweepAbove(0)()
+	r := newRig(t)
+	ctx := t.Context()
+	a, b := r.create(nil), r.create(nil)
+	for _, c := range []created{a, b} {
+		s, err := r.envd(c).proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: bash("true")}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		collect(s, false)
+	}
+	if _, err := r.envd(a).fs.CreateWatcher(ctx, connect.NewRequest(&fspb.CreateWatcherRequest{Path: "/tmp"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.mgr.Delete(ctx, "", a.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.envd(b).proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: bash("true")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	collect(s, false)
+	for _, id := range r.h.Tracked() {
+		if id == a.SandboxID {
+			t.Fatalf("still tracking deleted sandbox %s: %v", id, r.h.Tracked())
+		}
 	}
 }

@@ -305,6 +305,17 @@ func (ws *watchers) remove(sandbox, id string) error {
 	return nil
 }
 
+// sandboxes lists the sandboxes that have polling watchers.
+func (ws *watchers) sandboxes() []string {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	out := make([]string, 0, len(ws.m))
+	for _, p := range ws.m {
+		out = append(out, p.sandbox)
+	}
+	return out
+}
+
 // forget removes the watchers of a sandbox that is gone.
 func (ws *watchers) forget(sandbox string) {
 	ws.mu.Lock()
@@ -341,6 +352,7 @@ func (s *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 		return nil, s.h.rpcError(err)
 	}
 	id, _ := sandboxID(ctx)
+	s.h.sweep(ctx)
 	return connect.NewResponse(&fspb.CreateWatcherResponse{WatcherId: s.h.watch.add(id, root, ws)}), nil
 }
 

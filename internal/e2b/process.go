@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/hutch-dev/hutch/internal/backend"
 	processpb "github.com/hutch-dev/hutch/internal/e2b/envdpb/process"
 	"github.com/hutch-dev/hutch/internal/errdefs"
+	"github.com/hutch-dev/hutch/internal/sandbox"
 )
 
 // defaultKeepalive is how often an idle event stream sends a keepalive
@@ -58,6 +60,13 @@ func (t *procTable) prune(sandboxID string, live map[string]bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	maps.DeleteFunc(t.byID[sandboxID], func(id string, _ *processpb.ProcessConfig) bool { return !live[id] })
+}
+
+// sandboxes lists the sandboxes the table has entries for.
+func (t *procTable) sandboxes() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Collect(maps.Keys(t.byID))
 }
 
 func (t *procTable) forget(sandboxID string) {
@@ -143,6 +152,7 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 		return s.h.rpcError(s.h.cfg.Manager.CheckAlive(ctx, id, err))
 	}
 	s.h.procs.put(id, p.ID(), cfg)
+	s.h.sweep(ctx)
 	send := func(ev *processpb.ProcessEvent) error {
 		return stream.Send(&processpb.StartResponse{Event: ev})
 	}
@@ -482,4 +492,26 @@ func checkEnv(env map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// sweepAbove is how many sandboxes the per-sandbox tables may name before
+// a sweep drops those that are gone: sandboxes also end by timeout or
+// through hutch's own API, which this package does not see.
+var sweepAbove = 256
+
+// sweep forgets the process configs and polling watchers of sandboxes that
+// no longer run, once the tables have grown past sweepAbove.
+func (h *Handler) sweep(ctx context.Context) {
+	ids := h.procs.sandboxes()
+	ids = append(ids, h.watch.sandboxes()...)
+	if len(ids) <= sweepAbove {
+		return
+	}
+	for _, id := range ids {
+		sb, err := h.cfg.Manager.Get(ctx, "", id)
+		if errdefs.Code(err) == "not_found" || (err == nil && (sb.State == sandbox.Destroyed || sb.State == sandbox.Failed)) {
+			h.procs.forget(id)
+			h.watch.forget(id)
+		}
+	}
 }

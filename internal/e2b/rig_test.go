@@ -39,6 +39,7 @@ type rig struct {
 	key    string
 	mgr    *sandbox.Manager
 	st     *store.Store
+	h      *e2b.Handler
 	client *http.Client
 }
 
@@ -92,7 +93,7 @@ func newRig(t *testing.T) *rig {
 		be.Close()
 		st.Close()
 	})
-	return &rig{t: t, url: srv.URL, key: secret, mgr: mgr, st: st, client: srv.Client()}
+	return &rig{t: t, url: srv.URL, key: secret, mgr: mgr, st: st, h: h, client: srv.Client()}
 }
 
 // do sends a control request with the rig's key and decodes a JSON answer
