@@ -9,7 +9,7 @@ import type WebSocket from "ws";
 import type { components, operations } from "./generated/api.js";
 import { HutchError } from "./errors.js";
 import { AsyncQueue } from "./queue.js";
-import { type Body, type Query, Transport, ndjson, parseHost } from "./transport.js";
+import { type Body, type Query, Transport, ndjson, parseHost, readAll } from "./transport.js";
 
 type Schemas = components["schemas"];
 export type Sandbox = Schemas["Sandbox"];
@@ -180,6 +180,29 @@ export class HutchClient {
 
   async unexposePort(id: string, port: number): Promise<void> {
     await this.t.bytes("DELETE", sandboxPath(id, `/ports/${port}`));
+  }
+
+  /**
+   * An HTTP request to an exposed port, through the daemon with this
+   * client's credentials (so it works over the unix socket too). Every
+   * status comes back as is: the app's, and the daemon's refusals (a port
+   * not exposed) with hutch's error body.
+   */
+  async portRequest(
+    id: string,
+    port: number,
+    path = "/",
+    opts: { method?: string; body?: Body; headers?: Record<string, string>; signal?: AbortSignal } = {},
+  ): Promise<{ status: number; headers: Record<string, string | string[] | undefined>; body: Buffer }> {
+    const rel = path.startsWith("/") ? path.slice(1) : path;
+    const res = await this.t.send(opts.method ?? "GET", sandboxPath(id, `/ports/${port}/${rel}`), {
+      body: opts.body,
+      headers: opts.headers,
+      signal: opts.signal,
+      anyStatus: true,
+    });
+    const body = await readAll(res);
+    return { status: res.statusCode ?? 0, headers: res.headers, body };
   }
 
   // Commands.

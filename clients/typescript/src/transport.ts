@@ -48,6 +48,8 @@ export interface RequestOptions {
   contentType?: string;
   headers?: Record<string, string>;
   signal?: AbortSignal;
+  /** Resolve with any status instead of turning ≥ 400 into a HutchError (a proxied app's own answers). */
+  anyStatus?: boolean;
 }
 
 export function encodeQuery(query: Query | undefined): string {
@@ -99,7 +101,7 @@ export class Transport {
       let req: http.ClientRequest;
       const onResponse = (res: http.IncomingMessage) => {
         const status = res.statusCode ?? 0;
-        if (status < 400) {
+        if (status < 400 || opts.anyStatus) {
           resolve(res);
           return;
         }

@@ -31,7 +31,7 @@ describe("HutchClient", () => {
   });
 
   test("lists by label and gets a sandbox", async () => {
-    const list = await tcp.listSandboxes({ label: ["suite=client"] });
+    const list = await tcp.listSandboxes({ label: ["suite=client"], state: "running" });
     assert.deepEqual(list.sandboxes.map((s) => s.id), [id]);
     const sb = await tcp.getSandbox(id);
     assert.equal(sb.state, "running");
@@ -78,5 +78,46 @@ describe("HutchClient", () => {
       if (ev.type === "output") out += Buffer.from(ev.data!, "base64").toString();
     }
     assert.equal(out, "one\ntwo\n");
+  });
+
+  test("an interactive exec over the unix socket's WebSocket: stdin both ways, signals", async () => {
+    const session = await sock.execInteractive(id, { cmd: "read a; echo got-$a; read b; echo got-$b" });
+    let out = "";
+    session.write("one\n");
+    while (!out.includes("got-one")) out += (await session.output.next()).value?.data.toString() ?? "";
+    session.write("two\n");
+    for await (const c of session.output) out += c.data.toString();
+    assert.equal(out, "got-one\ngot-two\n");
+    assert.deepEqual(await session.exited, { exitCode: 0, timedOut: false, killed: false });
+    const sleeper = await sock.execInteractive(id, { cmd: "sleep 30" });
+    sleeper.signal("TERM");
+    assert.equal((await sleeper.exited).signal, "SIGTERM");
+  });
+
+  test("ports: expose, reach through the daemon, list, unexpose", async (t) => {
+    const py = await tcp.exec(id, { cmd: "command -v python3" });
+    if (py.exit_code !== 0) {
+      t.skip("the sandbox's base has no python3 to serve HTTP with");
+      return;
+    }
+    await tcp.startProcess(id, {
+      cmd: "mkdir -p /tmp/www && echo served > /tmp/www/index.html && cd /tmp/www && exec python3 -m http.server 8000 --bind 127.0.0.1",
+      tag: "web",
+    });
+    const p = await tcp.exposePort(id, { port: 8000 });
+    assert.equal(p.path, `/v1/sandboxes/${id}/ports/8000/`);
+    assert.ok(p.token);
+    assert.deepEqual((await tcp.listPorts(id)).map((x) => x.port), [8000]);
+    let res: Awaited<ReturnType<typeof tcp.portRequest>> = { status: 0, headers: {}, body: Buffer.alloc(0) };
+    for (let i = 0; i < 50 && res.status !== 200; i++) {
+      res = await tcp.portRequest(id, 8000, "/index.html");
+      if (res.status !== 200) await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.equal(res.status, 200);
+    assert.equal(res.body.toString(), "served\n");
+    assert.equal((await tcp.portRequest(id, 8000, "/missing")).status, 404);
+    await tcp.unexposePort(id, 8000);
+    assert.deepEqual(await tcp.listPorts(id), []);
+    await tcp.signalProcess(id, "web", "KILL");
   });
 });

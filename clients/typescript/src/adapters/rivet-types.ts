@@ -1,9 +1,10 @@
 /**
  * The shapes of Rivet's `@rivet-dev/sandbox-adapter` (SandboxProvider,
  * Sandbox, their options and results), declared here because that package
- * is not on the npm registry this project builds from. They follow the
- * package's published interface member for member; hutch's adapter is
- * checked against these declarations.
+ * cannot be installed from the npm registry this project builds from. They
+ * are written from the package's source (github.com/rivet-dev/agents,
+ * packages/sandbox-adapter) so that a hutch provider is assignable to the
+ * real interface; the adapter is type-checked against these declarations.
  */
 
 /** What a provider receives from the owning Rivet Actor. */
