@@ -25,6 +25,8 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -66,6 +68,9 @@ type Handler struct {
 	procs  *procTable
 	watch  *watchers
 	errw   *connect.ErrorWriter
+
+	sweepMu sync.Mutex
+	swept   time.Time // the last sweep (see sweep)
 }
 
 // New makes the handler, loading or creating its token secret.

@@ -540,7 +540,7 @@ func TestBadInput(t *testing.T) {
 // TestSweep: what the handler keeps per sandbox goes once the sandbox has
 // ended some other way than E2B's kill (here hutch's own delete).
 func TestSweep(t *testing.T) {
-	defer e2b.SetSweepAbove(0)()
+	defer e2b.SetSweep(0)()
 	r := newRig(t)
 	ctx := t.Context()
 	a, b := r.create(nil), r.create(nil)

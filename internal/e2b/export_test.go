@@ -1,11 +1,13 @@
 package e2b
 
-// SetSweepAbove lowers the sweep threshold for a test; the returned func
-// restores it.
-func SetSweepAbove(n int) func() {
-	old := sweepAbove
-	sweepAbove = n
-	return func() { sweepAbove = old }
+import "time"
+
+// SetSweep makes every envd start sweep once more than above sandboxes are
+// tracked, for a test; the returned func restores the defaults.
+func SetSweep(above int) func() {
+	oldAbove, oldEvery := sweepAbove, sweepEvery
+	sweepAbove, sweepEvery = above, time.Duration(0)
+	return func() { sweepAbove, sweepEvery = oldAbove, oldEvery }
 }
 
 // Tracked lists the sandboxes the handler keeps process configs or polling

@@ -499,12 +499,26 @@ func checkEnv(env map[string]string) error {
 // through hutch's own API, which this package does not see.
 var sweepAbove = 256
 
+// sweepEvery spaces sweeps.
+var sweepEvery = time.Minute
+
 // sweep forgets the process configs and polling watchers of sandboxes that
 // no longer run, once the tables have grown past sweepAbove.
+// At most one sweep a minute: with many live sandboxes the tables stay
+// large, and a sweep reads each one's record.
 func (h *Handler) sweep(ctx context.Context) {
 	ids := h.procs.sandboxes()
 	ids = append(ids, h.watch.sandboxes()...)
 	if len(ids) <= sweepAbove {
+		return
+	}
+	h.sweepMu.Lock()
+	due := time.Since(h.swept) >= sweepEvery
+	if due {
+		h.swept = time.Now()
+	}
+	h.sweepMu.Unlock()
+	if !due {
 		return
 	}
 	for _, id := range ids {
