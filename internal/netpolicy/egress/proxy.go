@@ -69,6 +69,10 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 func serveListener(ctx context.Context, ln net.Listener, handle func(context.Context, net.Conn)) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// However the loop ends, the connections end with it (an accept error
+	// must not leave Serve waiting on them).
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	defer ln.Close()

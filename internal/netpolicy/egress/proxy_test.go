@@ -392,3 +392,55 @@ func TestDefaultDialerChecksBeforeConnect(t *testing.T) {
 	c.Close()
 	<-accepted
 }
+
+// failingListener accepts one connection, then fails for good.
+type failingListener struct {
+	net.Listener
+	accepted bool
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	if l.accepted {
+		return nil, errors.New("listener broke")
+	}
+	l.accepted = true
+	return l.Listener.Accept()
+}
+
+// An accept error ends Serve, and the connections it was handling end
+// with it rather than keeping Serve waiting.
+func TestServeAcceptErrorEndsConnections(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowAll, _ := netpolicy.Compile(netpolicy.Policy{Mode: netpolicy.AllowAll})
+	p := NewProxy(Config{
+		Lookup:      func(netip.Addr) (string, *netpolicy.Compiled, bool) { return "sb", allowAll, true },
+		OriginalDst: func(net.Conn) (netip.AddrPort, error) { return netip.AddrPortFrom(ipAllowed, 443), nil },
+		Dial: func(context.Context, string, string) (net.Conn, error) {
+			return nil, errors.New("no dialing in this test")
+		},
+		PeekTimeout: time.Minute, // the client's silence would hold the connection
+	})
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(context.Background(), &failingListener{Listener: ln}) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Serve returned nil after an accept error")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve kept waiting on its connection after an accept error")
+	}
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Errorf("the connection is still open: %v", err)
+	}
+}
