@@ -417,8 +417,9 @@ func TestServeAcceptErrorEndsConnections(t *testing.T) {
 	}
 	allowAll, _ := netpolicy.Compile(netpolicy.Policy{Mode: netpolicy.AllowAll})
 	p := NewProxy(Config{
-		Lookup:      func(netip.Addr) (string, *netpolicy.Compiled, bool) { return "sb", allowAll, true },
-		OriginalDst: func(net.Conn) (netip.AddrPort, error) { return netip.AddrPortFrom(ipAllowed, 443), nil },
+		Lookup: func(netip.Addr) (string, *netpolicy.Compiled, bool) { return "sb", allowAll, true },
+		// A denied address: the proxy waits the whole PeekTimeout for a name.
+		OriginalDst: func(net.Conn) (netip.AddrPort, error) { return netip.MustParseAddrPort("10.0.0.1:443"), nil },
 		Dial: func(context.Context, string, string) (net.Conn, error) {
 			return nil, errors.New("no dialing in this test")
 		},
