@@ -48,7 +48,8 @@ func TestTypeScript(t *testing.T) {
 	d := startDaemon(t, bin)
 	secret := createKey(t, ctx, bin, d.socket)
 
-	env := []string{"HUTCH_TCP=http://" + d.tcp, "HUTCH_API_KEY=" + secret, "HUTCH_SOCKET=" + d.socket, "HUTCH_HOST="}
+	env := []string{"HUTCH_TCP=http://" + d.tcp, "HUTCH_API_KEY=" + secret, "HUTCH_SOCKET=" + d.socket, "HUTCH_HOST=",
+		"HUTCH_EXEC_TIMEOUT=" + execTimeout}
 	tctx, tcancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer tcancel()
 	files, err := filepath.Glob("dist/test/*.test.js")
@@ -82,6 +83,9 @@ func run(t *testing.T, ctx context.Context, env []string, name string, args ...s
 
 type daemon struct{ data, socket, tcp string }
 
+// execTimeout is the daemon's default exec deadline in the suite (HUTCH_EXEC_TIMEOUT to the tests).
+const execTimeout = "2s"
+
 // startDaemon runs `hutch serve` on a fresh data directory until the test
 // ends; then it destroys whatever sandboxes are left and stops it.
 func startDaemon(t *testing.T, bin string) *daemon {
@@ -95,7 +99,9 @@ func startDaemon(t *testing.T, bin string) *daemon {
 		t.Fatal(err)
 	}
 	d := &daemon{data: dir, socket: filepath.Join(dir, "hutch.sock")}
-	cmd := exec.Command(bin, "serve", "--data", dir, "--listen", "127.0.0.1:0", "--log-level", "info")
+	// A short default exec deadline shows that the adapters' commands without
+	// a timeout are not cut at it (they run as processes, which have none).
+	cmd := exec.Command(bin, "serve", "--data", dir, "--listen", "127.0.0.1:0", "--log-level", "info", "--exec-timeout", execTimeout)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

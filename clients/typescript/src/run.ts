@@ -1,43 +1,68 @@
 /**
- * runCommand: a streamed exec collected to its end. The adapters use it
- * rather than the buffered exec endpoint because that one caps output
- * (64 KiB by default) and an agent's tool wants all of it.
+ * runCommand: a command run to its end with all of its output. It runs as a
+ * background process (see ProcessSession) rather than through the exec
+ * endpoints, because those cap buffered output and always impose a
+ * deadline, while the adapters' interfaces promise "no timeout" when none
+ * is given.
  */
-import type { ExecRequest, ExitInfo, HutchClient, OutputChunk } from "./client.js";
-import { exitInfo } from "./client.js";
-import { HutchError } from "./errors.js";
+import type { ExitInfo, HutchClient, OutputChunk } from "./client.js";
+import { ProcessSession } from "./process.js";
 
 export interface RunResult extends ExitInfo {
   stdout: Buffer;
   stderr: Buffer;
 }
 
+export interface RunRequest {
+  cmd: string;
+  cwd?: string;
+  env?: Record<string, string>;
+  /** Seconds until the daemon kills it (then timedOut); undefined or 0: it runs until it exits. */
+  timeoutSeconds?: number;
+  /** Given to the command on stdin, then closed; without it stdin is empty. */
+  stdin?: string | Uint8Array;
+}
+
 export interface RunOptions {
-  /** Aborting hangs up, which makes the daemon kill the command; runCommand then rejects with the signal's reason. */
+  /** Aborting kills the command; runCommand then rejects with the signal's reason. */
   signal?: AbortSignal;
   onOutput?: (chunk: OutputChunk) => void;
 }
 
-export async function runCommand(client: HutchClient, id: string, req: ExecRequest, opts: RunOptions = {}): Promise<RunResult> {
-  const stdout: Buffer[] = [];
-  const stderr: Buffer[] = [];
+export async function runCommand(client: HutchClient, id: string, req: RunRequest, opts: RunOptions = {}): Promise<RunResult> {
   opts.signal?.throwIfAborted();
+  const session = await ProcessSession.start(client, id, {
+    cmd: req.cmd,
+    cwd: req.cwd,
+    env: req.env,
+    timeout: req.timeoutSeconds,
+    stdin: req.stdin !== undefined,
+  });
+  const onAbort = () => void session.kill().catch(() => {});
+  opts.signal?.addEventListener("abort", onAbort, { once: true });
+  if (opts.signal?.aborted) onAbort();
   try {
-    for await (const ev of client.execStream(id, req, { signal: opts.signal })) {
-      if (ev.type === "output") {
-        const chunk: OutputChunk = { stream: ev.stream ?? "stdout", data: Buffer.from(ev.data ?? "", "base64"), seq: ev.seq };
-        (chunk.stream === "stderr" ? stderr : stdout).push(chunk.data);
-        opts.onOutput?.(chunk);
-      } else if (ev.type === "exit") {
-        return { ...exitInfo(ev), stdout: Buffer.concat(stdout), stderr: Buffer.concat(stderr) };
-      }
+    if (req.stdin !== undefined) {
+      await session.write(req.stdin);
+      await session.closeStdin();
     }
+    const stdout: Buffer[] = [];
+    const stderr: Buffer[] = [];
+    for await (const chunk of session.output) {
+      (chunk.stream === "stderr" ? stderr : stdout).push(chunk.data);
+      opts.onOutput?.(chunk);
+    }
+    const exit = await session.exited;
+    opts.signal?.throwIfAborted();
+    return { ...exit, stdout: Buffer.concat(stdout), stderr: Buffer.concat(stderr) };
   } catch (err) {
-    if (opts.signal?.aborted) throw opts.signal.reason;
+    opts.signal?.throwIfAborted();
+    await session.kill().catch(() => {});
     throw err;
+  } finally {
+    opts.signal?.removeEventListener("abort", onAbort);
+    session.detach();
   }
-  if (opts.signal?.aborted) throw opts.signal.reason;
-  throw new HutchError("unavailable", "the command's stream ended without an exit");
 }
 
 /** Seconds for the API from milliseconds; undefined or 0 means the daemon's default. */

@@ -51,6 +51,18 @@ describe("Rivet sandbox-adapter provider", () => {
     assert.ok(Date.now() - t0 < 10_000);
   });
 
+  test("exec without timeoutMs has no deadline: it outlives the daemon's default exec timeout", async (t) => {
+    const deadline = process.env["HUTCH_EXEC_TIMEOUT"];
+    if (!deadline) {
+      t.skip("HUTCH_EXEC_TIMEOUT (the daemon's --exec-timeout) is not set");
+      return;
+    }
+    const sb = await sandbox();
+    const secs = parseFloat(deadline) + 1;
+    const res = await sb.exec(`sleep ${secs}; echo finished`, { cwd: sb.cwd });
+    assert.deepEqual(res, { exitCode: 0, timedOut: false, stdout: "finished\n", stderr: "" });
+  });
+
   test("exec aborted by its signal rejects with Error('aborted') and the command dies", async () => {
     const sb = await sandbox();
     const ac = new AbortController();

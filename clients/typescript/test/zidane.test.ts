@@ -35,7 +35,7 @@ describe("zidane provider", () => {
   test("execStream: stdin both ways while it runs, then the exit", async () => {
     const s = await provider.execStream(sb, "while read l; do echo \"got $l\"; echo \"err $l\" >&2; done; exit 5");
     assert.ok(s.pid > 0);
-    s.write("one\n");
+    await s.write("one\n");
     const first = await readUntil(
       (async function* () {
         for await (const c of s) if (c.stream === "stdout") yield c.data;
@@ -43,8 +43,8 @@ describe("zidane provider", () => {
       (acc) => acc.includes("got one"),
     );
     assert.equal(first, "got one\n");
-    s.write("two\n");
-    s.closeStdin();
+    await s.write("two\n");
+    await s.closeStdin();
     let rest = "";
     for await (const c of s) if (c.stream === "stdout") rest += text(c.data);
     assert.equal(rest, "got two\n");
@@ -53,7 +53,7 @@ describe("zidane provider", () => {
 
   test("execStream kill ends the command with its signal", async () => {
     const s = await provider.execStream(sb, "sleep 60");
-    s.kill("TERM");
+    await s.kill("TERM");
     const e = await s.exit;
     assert.equal(e.exitCode, null);
     assert.equal(e.signal, "SIGTERM");

@@ -30,7 +30,6 @@ import type {
 import {
   HutchClient,
   type CreateSandboxRequest,
-  type ExecSession,
   type HutchClientOptions,
   type NetworkPolicy,
   type Sandbox,
@@ -38,6 +37,7 @@ import {
   type TemplateFile,
 } from "../client.js";
 import { HutchError, isNotFound } from "../errors.js";
+import { ProcessSession } from "../process.js";
 import { numericExitCode, runCommand } from "../run.js";
 
 export interface HutchEveEnvironmentOptions extends HutchClientOptions {
@@ -57,7 +57,7 @@ export interface HutchEveEnvironmentOptions extends HutchClientOptions {
   prepare?: (sandbox: HutchEveSession) => Promise<void>;
   /** Timers and labels for session sandboxes (timeout, idle_timeout, retire_after, on_timeout…). */
   sandbox?: Pick<CreateSandboxRequest, "timeout" | "on_timeout" | "idle_timeout" | "retire_after" | "labels" | "metadata">;
-  /** Seconds a run() or spawn() may take before the daemon kills it; default: the daemon's (300). */
+  /** Seconds a run() or spawn() may take before the daemon kills it; default: no limit. */
   commandTimeoutSeconds?: number;
   /** Told when onSessionEnd destroys a sandbox, with eve's reason (hutch's API has no field to keep it). */
   onSessionEnd?: (sandboxId: string, reason: "completed" | "expired" | "failed") => void | Promise<void>;
@@ -228,18 +228,20 @@ async function prepare(client: HutchClient, options: HutchEveEnvironmentOptions,
 // The live session.
 
 function makeHandle(client: HutchClient, options: HutchEveEnvironmentOptions, id: string): SandboxProviderHandle<HutchEveSession> {
-  const live = new Set<ExecSession>();
+  const live = new Set<ProcessSession>();
+  // Spawned processes whose handles are about to go away are killed: no one
+  // could wait for or stop them later, and they would keep the sandbox busy.
+  const killAll = () => Promise.all([...live].map((s) => s.kill().catch(() => {})));
   return {
     sandbox: makeSession(client, options, id, live),
-    // The process is going away: hang up its commands (the daemon kills
-    // them); the sandbox stays for resume.
+    // The runtime is going away; the sandbox stays for resume.
     async onRuntimeShutdown() {
-      for (const s of live) s.close();
+      await killAll();
     },
     // Stop keeps the session's files (a suspend archives them) and lets
     // processes go; any later call resumes the sandbox.
     async onSandboxStop() {
-      for (const s of live) s.close();
+      await killAll();
       try {
         await client.suspendSandbox(id);
       } catch (err) {
@@ -247,7 +249,7 @@ function makeHandle(client: HutchClient, options: HutchEveEnvironmentOptions, id
       }
     },
     async onSandboxDelete(_opts?: SandboxDeleteOptions) {
-      for (const s of live) s.close();
+      for (const s of live) s.detach();
       await destroy(client, id);
     },
   };
@@ -259,7 +261,7 @@ function resolvePath(path: string): string {
   return posix.isAbsolute(path) ? posix.normalize(path) : posix.join("/workspace", path);
 }
 
-function makeSession(client: HutchClient, options: HutchEveEnvironmentOptions, id: string, live: Set<ExecSession>): HutchEveSession {
+function makeSession(client: HutchClient, options: HutchEveEnvironmentOptions, id: string, live: Set<ProcessSession>): HutchEveSession {
   const readBytes = async (path: string, signal?: AbortSignal): Promise<Buffer | null> =>
     client.readFileIfExists(id, resolvePath(path), signal ? { signal } : {});
   const write = async (path: string, content: string | Uint8Array | ReadableStream<Uint8Array>, signal?: AbortSignal) => {
@@ -278,7 +280,7 @@ function makeSession(client: HutchClient, options: HutchEveEnvironmentOptions, i
           cmd: o.command,
           cwd: o.workingDirectory === undefined ? undefined : resolvePath(o.workingDirectory),
           env: { ...AGENT_ENV, ...o.env },
-          timeout: options.commandTimeoutSeconds,
+          timeoutSeconds: options.commandTimeoutSeconds,
         },
         o.abortSignal ? { signal: o.abortSignal } : {},
       );
@@ -334,25 +336,26 @@ async function spawn(
   client: HutchClient,
   options: HutchEveEnvironmentOptions,
   id: string,
-  live: Set<ExecSession>,
+  live: Set<ProcessSession>,
   o: SandboxSpawnOptions,
 ): Promise<SandboxProcess & { stdin?: WritableStream<Uint8Array> }> {
   o.abortSignal?.throwIfAborted();
-  const session = await client.execInteractive(id, {
+  // A background process, not a WebSocket exec: a long-running spawn (a dev
+  // server, a watcher) has no deadline and outlives a dropped connection.
+  const session = await ProcessSession.start(client, id, {
     cmd: o.command,
     cwd: o.workingDirectory === undefined ? undefined : resolvePath(o.workingDirectory),
     env: { ...AGENT_ENV, ...o.env },
     timeout: options.commandTimeoutSeconds,
+    stdin: o.stdin === true,
   });
   live.add(session);
-  if (!o.stdin) session.closeStdin();
-  const { pid } = await session.started;
 
   let out!: ReadableStreamDefaultController<Uint8Array>;
   let err!: ReadableStreamDefaultController<Uint8Array>;
   const stdout = new ReadableStream<Uint8Array>({ start: (c) => void (out = c) });
   const stderr = new ReadableStream<Uint8Array>({ start: (c) => void (err = c) });
-  (async () => {
+  void (async () => {
     try {
       for await (const c of session.output) (c.stream === "stderr" ? err : out).enqueue(new Uint8Array(c.data));
       out.close();
@@ -363,30 +366,30 @@ async function spawn(
     }
   })();
 
+  const exited = session.exited.finally(() => {
+    live.delete(session);
+    session.detach();
+  });
   const kill = async () => {
-    session.signal("KILL");
-    await session.exited.catch(() => {});
-    session.close();
+    await session.kill().catch(() => {});
   };
   let aborted: Promise<never> | undefined;
   if (o.abortSignal) {
     const signal = o.abortSignal;
     aborted = new Promise((_, reject) => {
-      signal.addEventListener("abort", () => void kill().then(() => reject(signal.reason)), { once: true });
+      const onAbort = () => void kill().then(() => reject(signal.reason));
+      signal.addEventListener("abort", onAbort, { once: true });
+      if (signal.aborted) onAbort();
     });
     aborted.catch(() => {});
   }
-  const exited = session.exited.finally(() => {
-    live.delete(session);
-    session.close();
-  });
   const proc: SandboxProcess & { stdin?: WritableStream<Uint8Array> } = {
-    pid,
+    pid: session.pid,
     stdout,
     stderr,
     async wait() {
       const e = await (aborted ? Promise.race([exited, aborted]) : exited);
-      if (o.abortSignal?.aborted) throw o.abortSignal.reason;
+      o.abortSignal?.throwIfAborted();
       return { exitCode: numericExitCode(e) };
     },
     kill,

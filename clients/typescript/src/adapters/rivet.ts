@@ -79,7 +79,7 @@ function hutchSandbox(client: HutchClient, id: string, cwd: string): HutchRivetS
         const res = await runCommand(
           client,
           id,
-          { cmd: command, cwd: options.cwd, env: options.env, timeout: seconds(options.timeoutMs) },
+          { cmd: command, cwd: options.cwd, env: options.env, timeoutSeconds: seconds(options.timeoutMs) },
           { signal, onOutput: options.onData && ((c) => options.onData?.(c.data)) },
         );
         const timedOut = res.timedOut;

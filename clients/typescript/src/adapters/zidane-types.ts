@@ -52,9 +52,12 @@ export interface ZidaneExit {
 /** A running command: output out, stdin in, while it runs. */
 export interface ZidaneExecStream extends AsyncIterable<ZidaneOutputChunk> {
   readonly pid: number;
-  write(data: string | Uint8Array): void;
-  closeStdin(): void;
-  kill(signal?: string): void;
+  /** Resolves once the bytes are in the command's stdin; writes keep their order. */
+  write(data: string | Uint8Array): Promise<void>;
+  /** Closes stdin after what was written. */
+  closeStdin(): Promise<void>;
+  /** Signals the command's process group (default KILL); an exited command is no error. */
+  kill(signal?: string): Promise<void>;
   /** Resolves when the command exits. */
   readonly exit: Promise<ZidaneExit>;
 }

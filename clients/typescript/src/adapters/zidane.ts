@@ -1,11 +1,12 @@
 /**
- * hutch as a zidane sandbox provider. Streams with stdin ride the exec
- * WebSocket, terminals hutch's detachable PTY processes (so a dropped
- * client reconnects with its scrollback), and file listings hutch's
- * server-side glob.
+ * hutch as a zidane sandbox provider. Commands and streams with stdin run
+ * as hutch background processes followed by sequence number, terminals are
+ * hutch's detachable PTY processes (so a dropped client reconnects with its
+ * scrollback), and file listings use hutch's server-side glob.
  */
 import { HutchClient, type HutchClientOptions, type TerminalConnection } from "../client.js";
 import { isNotFound } from "../errors.js";
+import { ProcessSession } from "../process.js";
 import { runCommand, seconds } from "../run.js";
 import type {
   ZidaneExecOptions,
@@ -48,12 +49,11 @@ export function hutchZidaneProvider(opts: HutchZidaneOptions = {}): ZidaneSandbo
     },
 
     async exec(sandbox, command, o: ZidaneExecOptions = {}): Promise<ZidaneExecResult> {
-      const stdin = o.stdin === undefined ? undefined : Buffer.from(o.stdin).toString("base64");
       const res = await runCommand(
         client,
         idOf(sandbox),
-        { cmd: command, cwd: o.cwd, env: o.env, timeout: seconds(o.timeoutMs), stdin, stdin_encoding: stdin === undefined ? undefined : "base64" },
-        { signal: o.signal },
+        { cmd: command, cwd: o.cwd, env: o.env, timeoutSeconds: seconds(o.timeoutMs), stdin: o.stdin },
+        o.signal ? { signal: o.signal } : {},
       );
       const out: ZidaneExecResult = {
         exitCode: res.exitCode,
@@ -66,23 +66,27 @@ export function hutchZidaneProvider(opts: HutchZidaneOptions = {}): ZidaneSandbo
     },
 
     async execStream(sandbox, command, o = {}): Promise<ZidaneExecStream> {
-      const session = await client.execInteractive(idOf(sandbox), {
+      o.signal?.throwIfAborted();
+      // A background process followed by sequence number: no deadline unless
+      // asked, and a dropped output stream resumes where it stopped.
+      const session = await ProcessSession.start(client, idOf(sandbox), {
         cmd: command,
         cwd: o.cwd,
         env: o.env,
         timeout: seconds(o.timeoutMs),
+        stdin: true,
       });
-      const { pid } = await session.started;
-      const onAbort = () => session.close();
+      const onAbort = () => void session.kill().catch(() => {});
       o.signal?.addEventListener("abort", onAbort, { once: true });
+      if (o.signal?.aborted) onAbort();
       const exit = session.exited.then((e) => {
         o.signal?.removeEventListener("abort", onAbort);
-        session.close();
+        session.detach();
         return e.signal ? { exitCode: e.exitCode, timedOut: e.timedOut, signal: e.signal } : { exitCode: e.exitCode, timedOut: e.timedOut };
       });
       exit.catch(() => {});
       return {
-        pid,
+        pid: session.pid,
         exit,
         write: (data) => session.write(data),
         closeStdin: () => session.closeStdin(),
