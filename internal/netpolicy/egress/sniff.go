@@ -197,16 +197,36 @@ func sniffHTTP(b []byte) (sniffState, string) {
 	if st := looksHTTP(b); st != found {
 		return st, ""
 	}
-	end := bytes.Index(b, []byte("\r\n\r\n"))
+	end := headEnd(b)
 	if end < 0 {
 		if len(b) >= maxPeek {
 			return opaque, ""
 		}
 		return needMore, ""
 	}
-	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(b[:end+4])))
+	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(b[:end])))
 	if err != nil || req.ProtoMajor != 1 {
 		return opaque, ""
 	}
 	return found, normalizeName(req.Host)
+}
+
+// headEnd returns the length of the request head in b (through its empty
+// line), or -1. Like Go's server it takes bare LF line ends too.
+func headEnd(b []byte) int {
+	for i := bytes.IndexByte(b, '\n'); i >= 0; {
+		rest := b[i+1:]
+		switch {
+		case len(rest) > 0 && rest[0] == '\n':
+			return i + 2
+		case len(rest) > 1 && rest[0] == '\r' && rest[1] == '\n':
+			return i + 3
+		}
+		j := bytes.IndexByte(rest, '\n')
+		if j < 0 {
+			return -1
+		}
+		i += 1 + j
+	}
+	return -1
 }

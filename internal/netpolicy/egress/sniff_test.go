@@ -94,6 +94,8 @@ func TestSniffHTTP(t *testing.T) {
 		{"GET http://a.test/x HTTP/1.1\r\nHost: b.test\r\n\r\n", found, "a.test"},
 		{"GET / HTTP/1.0\r\n\r\n", found, ""},
 		{"GET / HTTP/1.1\r\nHost: a.test\r\n", needMore, ""},
+		{"GET / HTTP/1.1\nHost: lf.test\n\n", found, "lf.test"},
+		{"GET / HTTP/1.1\nHost: lf.test\n", needMore, ""},
 		{"GE", needMore, ""},
 		{"SSH-2.0-OpenSSH\r\n", opaque, ""},
 		{"\x00\x01binary", opaque, ""},
@@ -155,4 +157,19 @@ func TestOriginalDstLoopback(t *testing.T) {
 	if _, err := OriginalDst(a); err == nil {
 		t.Error("OriginalDst of a pipe succeeded")
 	}
+}
+
+func FuzzSniffHTTP(f *testing.F) {
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"))
+	f.Add([]byte("GET http://b.test/ HTTP/1.1\n\n"))
+	f.Add([]byte("POST / HTTP/1.0\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, name := sniffHTTP(b)
+		if name != "" && (st != found || normalizeName(name) != name) {
+			t.Errorf("%v %q", st, name)
+		}
+		if end := headEnd(b); end > len(b) || (end >= 0 && end < 2) {
+			t.Errorf("headEnd = %d for %d bytes", end, len(b))
+		}
+	})
 }
