@@ -42,10 +42,11 @@ func (h *Handler) apiRoutes() http.Handler {
 	mux.HandleFunc("POST /sandboxes/{id}/pause", h.authed(h.pause))
 	mux.HandleFunc("POST /sandboxes/{id}/resume", h.authed(h.resume))
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h.authed(h.connect))
+	mux.HandleFunc("PUT /sandboxes/{id}/network", h.authed(h.setNetwork))
 	// What hutch does not offer through this API answers 501, which the
 	// SDK turns into its SandboxError with our message.
 	for _, p := range []string{"GET /sandboxes/{id}/metrics", "GET /v2/sandboxes/{id}/logs", "GET /sandboxes/{id}/logs",
-		"PUT /sandboxes/{id}/network", "POST /sandboxes/{id}/snapshots", "POST /sandboxes/{id}/fork"} {
+		"POST /sandboxes/{id}/snapshots", "POST /sandboxes/{id}/fork"} {
 		mux.HandleFunc(p, h.authed(func(w http.ResponseWriter, r *http.Request, _ string) {
 			h.fail(w, r, errdefs.New(errdefs.ErrNotImplemented, "%s %s is not supported by hutch's E2B API", r.Method, r.URL.Path))
 		}))
@@ -101,7 +102,7 @@ func decodeBody(r *http.Request, v any) error {
 }
 
 // createRequest is the SDK's create body. Fields hutch cannot honour
-// (network rules, volumes, MCP) are refused rather than ignored.
+// (volumes, MCP, a SOCKS5 egress proxy) are refused rather than ignored.
 type createRequest struct {
 	TemplateID          string                  `json:"templateID"`
 	Timeout             *int64                  `json:"timeout"`
@@ -132,16 +133,12 @@ func isNull(m json.RawMessage) bool {
 	return s == "" || s == "null"
 }
 
-func (req createRequest) spec() (sandbox.Spec, error) {
+func (req createRequest) spec(networked bool) (sandbox.Spec, error) {
 	switch {
-	case !isNull(req.Network):
-		return sandbox.Spec{}, errdefs.New(errdefs.ErrNotImplemented, "network rules are not supported by hutch's E2B API")
 	case !isNull(req.VolumeMounts):
 		return sandbox.Spec{}, errdefs.New(errdefs.ErrNotImplemented, "volume mounts are not supported by hutch's E2B API")
 	case !isNull(req.MCP):
 		return sandbox.Spec{}, errdefs.New(errdefs.ErrNotImplemented, "the MCP gateway is not supported by hutch's E2B API")
-	case req.AllowInternetAccess != nil && !*req.AllowInternetAccess:
-		return sandbox.Spec{}, errdefs.New(errdefs.ErrNotImplemented, "allow_internet_access=false is not supported by hutch's E2B API")
 	}
 	timeout, err := seconds("timeout", req.Timeout, defaultTimeout)
 	if err == nil {
@@ -162,6 +159,9 @@ func (req createRequest) spec() (sandbox.Spec, error) {
 	if t := req.TemplateID; t != "" && t != baseTemplate {
 		spec.Template = t
 	}
+	if spec.Network, err = e2bPolicy(req.AllowInternetAccess, req.Network, networked); err != nil {
+		return sandbox.Spec{}, err
+	}
 	return spec, nil
 }
 
@@ -171,7 +171,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tenant string) 
 		h.fail(w, r, err)
 		return
 	}
-	spec, err := req.spec()
+	spec, err := req.spec(h.cfg.Manager.Networked())
 	if err != nil {
 		h.fail(w, r, err)
 		return

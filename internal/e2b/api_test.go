@@ -160,8 +160,21 @@ func TestControlErrorsAndRouting(t *testing.T) {
 	if st := r.do("POST", "/v2/sandboxes", map[string]any{"timeout": -5}, nil); st != 400 {
 		t.Fatalf("negative timeout: %d", st)
 	}
-	if st := r.do("POST", "/v2/sandboxes", map[string]any{"network": map[string]any{"denyOut": []string{"0.0.0.0/0"}}}, nil); st != 501 {
-		t.Fatalf("network rules: %d, want 501", st)
+	// This rig's manager has no networking: closing the network is fine,
+	// opening it is refused, a SOCKS5 egress proxy is not offered.
+	var closed struct{ SandboxID string }
+	if st := r.do("POST", "/v2/sandboxes", map[string]any{"network": map[string]any{"denyOut": []string{"0.0.0.0/0"}}}, &closed); st != 201 {
+		t.Fatalf("network denyOut all: %d, want 201", st)
+	}
+	if p, err := r.mgr.NetworkPolicy(t.Context(), "", closed.SandboxID); err != nil || p.Mode != "deny-all" {
+		t.Fatalf("denyOut all made %+v (%v)", p, err)
+	}
+	if st := r.do("POST", "/v2/sandboxes", map[string]any{"network": map[string]any{"allowOut": []string{"a.example"},
+		"denyOut": []string{"0.0.0.0/0"}}}, nil); st != 412 {
+		t.Fatalf("allowOut without networking: %d, want 412", st)
+	}
+	if st := r.do("POST", "/v2/sandboxes", map[string]any{"network": map[string]any{"egressProxy": map[string]any{"address": "p:1080"}}}, nil); st != 501 {
+		t.Fatalf("egressProxy: %d, want 501", st)
 	}
 	if st := r.do("POST", "/v2/sandboxes", map[string]any{"templateID": "no-such-template"}, nil); st != 404 {
 		t.Fatalf("unknown template: %d, want 404", st)

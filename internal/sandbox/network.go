@@ -245,3 +245,6 @@ func (m *Manager) buildNetwork(ctx context.Context, id string, p *netpolicy.Poli
 	}
 	return nil
 }
+
+// Networked reports whether this manager can give sandboxes a network.
+func (m *Manager) Networked() bool { return m.opts.Network != nil }

@@ -3,7 +3,7 @@
 // address and E2B_API_KEY to a hutch API key: the routing a user sets up.
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { Sandbox, CommandExitError, TimeoutError, NotFoundError, FilesystemEventType } from 'e2b'
+import { Sandbox, ALL_TRAFFIC, CommandExitError, TimeoutError, NotFoundError, FilesystemEventType } from 'e2b'
 
 const run = `run-${process.pid}-${Date.now()}`
 const made = []
@@ -168,8 +168,44 @@ test('list with a metadata filter, in pages', async () => {
 })
 
 test('unsupported features answer errors, not hangs', async () => {
-  await assert.rejects(Sandbox.create({ network: { denyOut: ['0.0.0.0/0'] } }), /not supported/)
+  await assert.rejects(Sandbox.create({ network: { egressProxy: { address: 'proxy.example:1080' } } }), /not supported/)
   const sbx = await create()
   await assert.rejects(sbx.files.write('m.txt', 'x', { metadata: { a: 'b' } }), /metadata requires envd/i)
   await assert.rejects(Sandbox.create('no-such-template'), /not found|template/i)
+})
+
+// The network options become hutch policies; the hutch API (same address,
+// same key as a bearer) shows them.
+async function hutchPolicy(id) {
+  const res = await fetch(`${process.env.E2B_API_URL}/v1/sandboxes/${id}/network`,
+    { headers: { authorization: `Bearer ${process.env.E2B_API_KEY}` } })
+  assert.equal(res.status, 200)
+  return res.json()
+}
+
+test('network options: allowInternetAccess, allowOut/denyOut, rules, updateNetwork', async () => {
+  const closed = await create({ allowInternetAccess: false })
+  assert.equal((await hutchPolicy(closed.sandboxId)).mode, 'deny-all')
+  assert.equal((await closed.commands.run('ls /sys/class/net')).stdout, 'lo\n')
+
+  const listed = await create({ network: {
+    allowOut: ['api.example.com', '203.0.113.0/24'], denyOut: [ALL_TRAFFIC],
+    rules: { 'api.example.com': [{ transform: { headers: { Authorization: 'Bearer e2b-secret' } } }] } } })
+  const pol = await hutchPolicy(listed.sandboxId)
+  assert.equal(pol.mode, 'allow-list')
+  assert.deepEqual(pol.allow, [{ host: 'api.example.com' }, { cidr: '203.0.113.0/24' }])
+  assert.deepEqual(pol.credentials, [{ host: 'api.example.com', headers: { Authorization: '[redacted]' } }])
+  const env = await listed.commands.run('env; ls /sys/class/net')
+  assert.match(env.stdout, /eth0/)
+  assert.doesNotMatch(env.stdout, /e2b-secret/)
+
+  await listed.updateNetwork({ denyOut: [ALL_TRAFFIC] })
+  assert.equal((await hutchPolicy(listed.sandboxId)).mode, 'deny-all')
+  await Sandbox.updateNetwork(listed.sandboxId, { denyOut: ['198.51.100.0/24'] })
+  const open = await hutchPolicy(listed.sandboxId)
+  assert.equal(open.mode, 'allow-all')
+  assert.deepEqual(open.deny, ['198.51.100.0/24'])
+
+  const dflt = await create()
+  assert.equal((await hutchPolicy(dflt.sandboxId)).mode, 'allow-all', 'an E2B sandbox has the internet by default')
 })
