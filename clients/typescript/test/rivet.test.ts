@@ -114,6 +114,21 @@ describe("Rivet sandbox-adapter provider", () => {
     assert.equal(await provider.connect(actor, "never-was"), undefined);
   });
 
+  test("the provider works over the daemon's unix socket too", async () => {
+    const local = hutchProvider({ host: `unix://${process.env["HUTCH_SOCKET"]}` });
+    const id = await local.create(actor);
+    try {
+      const sb = await local.connect(actor, id);
+      assert.ok(sb);
+      assert.equal((await sb.exec("echo via-socket", { cwd: sb.cwd })).stdout, "via-socket\n");
+      await sb.writeFile("/workspace/s.txt", "socket");
+      assert.equal(text(await sb.readFile("/workspace/s.txt")), "socket");
+    } finally {
+      await local.destroy!(actor, id);
+    }
+    assert.equal(await local.connect(actor, id), undefined);
+  });
+
   test("connect throws on any other failure", async () => {
     const bad = hutchProvider({ host: process.env["HUTCH_TCP"]!, apiKey: "wrong" });
     await assert.rejects(bad.connect(actor, "x"), (e: unknown) => e instanceof HutchError && e.code === "unauthenticated");

@@ -25,7 +25,6 @@ import type {
   SandboxProviderImplementation,
   SandboxProviderPrepareContext,
   SandboxProviderResources,
-  SandboxProviderSessionContext,
 } from "eve/sandbox/provider";
 import {
   HutchClient,
