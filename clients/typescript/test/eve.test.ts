@@ -222,6 +222,25 @@ describe("eve sandbox provider", () => {
     assert.equal((await client.getNetworkPolicy(sb.sandboxId)).mode, "allow-all");
   });
 
+  test("start applies the open options' network policy at create", async (t) => {
+    let started;
+    try {
+      started = await impl.start(sessionCtx("session-net"), { networkPolicy: { allow: ["example.com"] } }, artifact);
+    } catch (err) {
+      if (err instanceof HutchError && err.code === "failed_precondition" && !/generation/.test(err.message)) {
+        t.skip(`the daemon runs without sandbox networking: ${err.message}`);
+        return;
+      }
+      throw err;
+    }
+    try {
+      const p = await client.getNetworkPolicy(started.state.sandboxId);
+      assert.deepEqual(p, { mode: "allow-list", allow: [{ host: "example.com" }] });
+    } finally {
+      await impl.onSessionEnd!(sessionCtx("session-net"), artifact, started.state, { reason: "completed" });
+    }
+  });
+
   test("handle: stop suspends, resume reconnects from the state with the files kept", async () => {
     const { handle, state: st } = await impl.start(sessionCtx("session-stop"), undefined, artifact);
     try {

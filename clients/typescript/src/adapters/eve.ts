@@ -107,6 +107,8 @@ export function hutchEnvironment(options: Readonly<HutchEveEnvironmentOptions>):
         template: artifact.template,
         env: open?.env,
         labels: { ...options.sandbox?.labels, ...open?.labels, "eve.session": ctx.session.id },
+        // The policy is part of the create, so the sandbox never runs under another.
+        network: open?.networkPolicy === undefined ? undefined : toHutchPolicy(open.networkPolicy),
       });
       if (sb.generation !== artifact.generation) {
         await client.deleteSandbox(sb.id).catch(() => {});
@@ -115,16 +117,7 @@ export function hutchEnvironment(options: Readonly<HutchEveEnvironmentOptions>):
           `hutch template ${artifact.template} is at generation ${sb.generation ?? "(none)"}, not the prepared ${artifact.generation}: rebuild or redeploy to prepare it again`,
         );
       }
-      const handle = makeHandle(client, options, sb.id);
-      if (open?.networkPolicy !== undefined) {
-        try {
-          await handle.sandbox.setNetworkPolicy(open.networkPolicy);
-        } catch (err) {
-          await client.deleteSandbox(sb.id).catch(() => {});
-          throw err;
-        }
-      }
-      return { handle, state: { sandboxId: sb.id } };
+      return { handle: makeHandle(client, options, sb.id), state: { sandboxId: sb.id } };
     },
 
     async resume(_ctx, _artifact, state) {
@@ -203,7 +196,8 @@ async function prepare(client: HutchClient, options: HutchEveEnvironmentOptions,
   const built = await client.buildTemplate(name, {
     onOutput: (data) => ctx.log?.(data.toString("utf8").trimEnd()),
   });
-  if (!options.prepare) return { template: name, generation: built.generation ?? "" };
+  if (!built.generation) throw new HutchError("internal", `template ${name} built without a generation`);
+  if (!options.prepare) return { template: name, generation: built.generation };
 
   // A snapshot's generation is new each time, so one already made for these
   // inputs is the artifact: preparing twice does not redo the authored work.
@@ -218,7 +212,8 @@ async function prepare(client: HutchClient, options: HutchEveEnvironmentOptions,
   try {
     await options.prepare(makeSession(client, options, sb.id, new Set()));
     const snap = await client.snapshotSandbox(sb.id, snapName);
-    return { template: snapName, generation: snap.generation ?? "" };
+    if (!snap.generation) throw new HutchError("internal", `snapshot template ${snapName} has no generation`);
+    return { template: snapName, generation: snap.generation };
   } finally {
     await destroy(client, sb.id);
   }
