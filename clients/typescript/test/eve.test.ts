@@ -98,6 +98,22 @@ describe("eve sandbox provider", () => {
     assert.deepEqual(await impl.prepare(prepareCtx("rev-1", [])), artifact);
   });
 
+  test("prepare without an authored callback: the recipe template's generation is the artifact", async () => {
+    const plain = hutchEnvironment({ client, name: "eve-plain", setup: ["echo built > /opt/marker"] });
+    const a = await plain.prepare(prepareCtx("rev-plain", []));
+    assert.match(a.template, /^eve-plain-[0-9a-f]{16}$/);
+    const tpl = await client.getTemplate(a.template);
+    assert.equal(tpl.kind, "recipe");
+    assert.equal(tpl.generation, a.generation);
+    const { handle, state: st } = await plain.start(sessionCtx("plain"), undefined, a);
+    try {
+      assert.equal(await handle.sandbox.readTextFile({ path: "/opt/marker" }), "built\n");
+      assert.equal(await handle.sandbox.readTextFile({ path: "seed/schema.sql" }), "create table t (x int);\n");
+    } finally {
+      await plain.onSessionEnd!(sessionCtx("plain"), a, st, { reason: "completed" });
+    }
+  });
+
   test("start: minimal JSON state, a sandbox of the prepared generation with every input in it", async () => {
     assert.deepEqual(Object.keys(state), ["sandboxId"]);
     assert.deepEqual(JSON.parse(JSON.stringify(state)), state);
