@@ -45,14 +45,15 @@ export class ProcessSession {
     let next = 0;
     let failures = 0;
     for (;;) {
+      let cause: unknown = new HutchError("unavailable", `the output of process ${this.process.id} keeps ending before its exit`);
       try {
         for await (const ev of this.client.processOutput(this.sandboxId, this.process.id, {
           fromSeq: next,
           follow: true,
           signal: this.follow.signal,
         })) {
-          failures = 0;
           if (ev.type === "output") {
+            failures = 0; // progress: the retries count again from here
             next = ev.seq + 1;
             this.output.push({ stream: ev.stream ?? "stdout", data: Buffer.from(ev.data ?? "", "base64"), seq: ev.seq });
           } else if (ev.type === "exit") {
@@ -62,20 +63,19 @@ export class ProcessSession {
           }
         }
       } catch (err) {
-        if (this.follow.signal.aborted) {
+        // Detached, or an answer (a gone sandbox, a bad key) that no retry changes.
+        if (this.follow.signal.aborted || (err instanceof HutchError && err.code !== "unavailable")) {
           this.output.end(err);
           throw err;
         }
-        if (err instanceof HutchError && err.code !== "unavailable") {
-          this.output.end(err);
-          throw err;
-        }
-        if (++failures > maxReattach) {
-          this.output.end(err);
-          throw err;
-        }
+        cause = err;
       }
-      // The stream ended or broke without an exit: follow again from where it stopped.
+      // The stream broke or ended without an exit: follow again from where
+      // it stopped, a bounded number of times in a row.
+      if (++failures > maxReattach) {
+        this.output.end(cause);
+        throw cause;
+      }
       await new Promise((r) => setTimeout(r, 50 * failures));
     }
   }
