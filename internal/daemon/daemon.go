@@ -143,6 +143,7 @@ func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	closers = append(closers, e2bh.Close)
+	srv.WrapTCP(e2bh.Wrap)
 	lns, err := d.listen(cfg)
 	if err != nil {
 		return nil, err
@@ -150,11 +151,7 @@ func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	d.cancel, d.errc, d.n = cancel, make(chan error, len(lns)), len(lns)
 	for _, ln := range lns {
-		if _, unix := ln.(*net.UnixListener); unix {
-			go func() { d.errc <- srv.Serve(sctx, ln, cfg.Grace) }()
-		} else {
-			go func() { d.errc <- e2b.Serve(sctx, ln, e2bh.Wrap(srv.Handler()), cfg.Grace, cfg.Logger) }()
-		}
+		go func() { d.errc <- srv.Serve(sctx, ln, cfg.Grace) }()
 	}
 	d.closers = closers
 	cfg.Logger.Info("hutch serving", "version", cfg.Version, "socket", d.Socket, "tcp", d.TCPAddr, "data", cfg.DataDir)

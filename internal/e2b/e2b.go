@@ -188,36 +188,6 @@ func (h *Handler) isControl(r *http.Request) bool {
 	return false
 }
 
-// statusOf maps an error class to the HTTP status E2B's API and envd
-// answer for it (the same table as hutch's own API).
-func statusOf(err error) int {
-	switch errdefs.Code(err) {
-	case "invalid_argument":
-		return http.StatusBadRequest
-	case "unauthenticated":
-		return http.StatusUnauthorized
-	case "permission_denied":
-		return http.StatusForbidden
-	case "not_found":
-		return http.StatusNotFound
-	case "already_exists", "conflict":
-		return http.StatusConflict
-	case "failed_precondition":
-		return http.StatusPreconditionFailed
-	case "payload_too_large":
-		return http.StatusRequestEntityTooLarge
-	case "resource_exhausted":
-		return http.StatusTooManyRequests
-	case "not_implemented":
-		return http.StatusNotImplemented
-	case "unavailable":
-		return http.StatusServiceUnavailable
-	case "deadline_exceeded":
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError
-}
-
 // apiError is E2B's error body: the status repeated as a number, and a
 // message.
 type apiError struct {
@@ -228,7 +198,7 @@ type apiError struct {
 // fail writes err as E2B's error body. Internal errors are logged and
 // answered generically.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
-	status := statusOf(err)
+	status := errdefs.HTTPStatus(err)
 	msg := err.Error()
 	if status == http.StatusInternalServerError {
 		h.log.Error("e2b: internal error", "method", r.Method, "path", r.URL.Path, "err", err)

@@ -7,6 +7,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"net/http"
 )
 
 // The error classes. Each maps to one wire code and one HTTP status.
@@ -95,3 +96,34 @@ func (e *TransitionError) Error() string {
 
 // Unwrap makes a TransitionError match ErrConflict.
 func (e *TransitionError) Unwrap() error { return ErrConflict }
+
+// HTTPStatus is the one mapping of the error vocabulary to HTTP status
+// codes, used by every HTTP edge (hutch's API, the E2B API and envd):
+// anything outside the vocabulary is 500.
+func HTTPStatus(err error) int {
+	switch Code(err) {
+	case "invalid_argument":
+		return http.StatusBadRequest
+	case "unauthenticated":
+		return http.StatusUnauthorized
+	case "permission_denied":
+		return http.StatusForbidden
+	case "not_found":
+		return http.StatusNotFound
+	case "already_exists", "conflict":
+		return http.StatusConflict
+	case "failed_precondition":
+		return http.StatusPreconditionFailed
+	case "payload_too_large":
+		return http.StatusRequestEntityTooLarge
+	case "resource_exhausted":
+		return http.StatusTooManyRequests
+	case "not_implemented":
+		return http.StatusNotImplemented
+	case "unavailable":
+		return http.StatusServiceUnavailable
+	case "deadline_exceeded":
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}

@@ -11,39 +11,10 @@ import (
 	"github.com/hutch-dev/hutch/internal/errdefs"
 )
 
-// statusOf is the one mapping from error class to HTTP status.
-func statusOf(err error) int {
-	switch errdefs.Code(err) {
-	case "invalid_argument":
-		return http.StatusBadRequest
-	case "unauthenticated":
-		return http.StatusUnauthorized
-	case "permission_denied":
-		return http.StatusForbidden
-	case "not_found":
-		return http.StatusNotFound
-	case "already_exists", "conflict":
-		return http.StatusConflict
-	case "failed_precondition":
-		return http.StatusPreconditionFailed
-	case "payload_too_large":
-		return http.StatusRequestEntityTooLarge
-	case "resource_exhausted":
-		return http.StatusTooManyRequests
-	case "not_implemented":
-		return http.StatusNotImplemented
-	case "unavailable":
-		return http.StatusServiceUnavailable
-	case "deadline_exceeded":
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError
-}
-
 // apiError is the error body for err; internal errors get a generic message
 // (the cause is logged, never sent).
 func (s *Server) apiError(r *http.Request, err error) (int, api.Error) {
-	status := statusOf(err)
+	status := errdefs.HTTPStatus(err)
 	body := api.Error{Code: errdefs.Code(err), Message: err.Error(), RequestId: requestID(r.Context())}
 	var te *errdefs.TransitionError
 	if errors.As(err, &te) {

@@ -257,7 +257,7 @@ func (s *Server) pump(p backend.Process, ew *eventWriter, until int64) {
 }
 
 func (s *Server) apiErrorPlain(err error) (int, api.Error) {
-	return statusOf(err), api.Error{Code: errdefs.Code(err), Message: err.Error()}
+	return errdefs.HTTPStatus(err), api.Error{Code: errdefs.Code(err), Message: err.Error()}
 }
 
 func toEvent(ev backend.Event) api.ExecEvent {

@@ -75,6 +75,7 @@ type Server struct {
 	metrics *metrics
 	handler http.Handler
 	mux     *http.ServeMux // the routes behind the middleware; Mount adds to it
+	wrapTCP func(http.Handler) http.Handler
 }
 
 var _ api.ServerInterface = (*Server)(nil)
@@ -156,8 +157,12 @@ type trustedKey struct{}
 // Connections on a unix listener are trusted; others need an API key.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
 	_, trusted := ln.(*net.UnixListener)
+	h := s.handler
+	if !trusted && s.wrapTCP != nil {
+		h = s.wrapTCP(h)
+	}
 	hs := &http.Server{
-		Handler:           s.handler,
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		ConnContext: func(c context.Context, _ net.Conn) context.Context {
@@ -180,6 +185,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	<-errc
 	return err
 }
+
+// WrapTCP puts w around the handler of every listener but the unix
+// socket (the E2B routes answer only there). Call it before Serve.
+func (s *Server) WrapTCP(w func(http.Handler) http.Handler) { s.wrapTCP = w }
 
 // ListenUnix makes the daemon's socket: mode 0600, a stale one replaced.
 func ListenUnix(path string) (net.Listener, error) {
