@@ -164,6 +164,11 @@ describe("eve sandbox provider", () => {
     const noStdin = await sb.spawn({ command: "cat; exit 2" });
     assert.deepEqual(await noStdin.wait(), { exitCode: 2 });
 
+    const ac = new AbortController();
+    const aborted = await sb.spawn({ command: "sleep 60", abortSignal: ac.signal });
+    ac.abort(new Error("halt"));
+    await assert.rejects(Promise.resolve(aborted.wait()), { message: "halt" });
+
     const long = await sb.spawn({ command: "sleep 60" });
     await long.kill();
     await long.kill();

@@ -30,6 +30,11 @@ describe("zidane provider", () => {
     const slow = await provider.exec(sb, "sleep 20", { timeoutMs: 300 });
     assert.equal(slow.timedOut, true);
     assert.equal(slow.exitCode, null);
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(new Error("cancelled")), 200);
+    await assert.rejects(provider.exec(sb, "sleep 20", { signal: ac.signal }), { message: "cancelled" });
+    const left = await provider.exec(sb, "ps -o args= | grep -c '[s]leep 20' || true");
+    assert.equal(left.stdout.trim(), "0");
   });
 
   test("execStream: stdin both ways while it runs, then the exit", async () => {
