@@ -7,4 +7,6 @@ export * from "./client.js";
 export * from "./errors.js";
 export { parseHost, type Endpoint } from "./transport.js";
 export { AsyncQueue } from "./queue.js";
+export { ProcessSession } from "./process.js";
+export { runCommand, numericExitCode, type RunRequest, type RunResult, type RunOptions } from "./run.js";
 export type { components, operations, paths } from "./generated/api.js";
