@@ -94,10 +94,11 @@ export class HutchClient {
   private readonly t: Transport;
 
   constructor(opts: HutchClientOptions = {}) {
+    // An empty variable counts as unset, as for the CLI.
     const host =
-      opts.host ??
-      process.env["HUTCH_HOST"] ??
-      `unix://${join(process.env["HUTCH_DATA"] ?? ".hutch", "hutch.sock")}`;
+      opts.host ||
+      process.env["HUTCH_HOST"] ||
+      `unix://${join(process.env["HUTCH_DATA"] || ".hutch", "hutch.sock")}`;
     this.t = new Transport(parseHost(host), opts.apiKey ?? process.env["HUTCH_API_KEY"]);
   }
 

@@ -28,6 +28,19 @@ describe("HutchClient", () => {
     await assert.rejects(tcp.getSandbox("no-such-sandbox"), (e: unknown) => isNotFound(e) && (e as HutchError).requestId !== undefined);
     const nowhere = new HutchClient({ host: "unix:///nonexistent/hutch.sock" });
     await assert.rejects(nowhere.health(), (e: unknown) => e instanceof HutchError && e.code === "unavailable");
+    assert.throws(() => new HutchClient({ host: "ftp://x" }), (e: unknown) => e instanceof HutchError && e.code === "invalid_argument");
+    // With no host given, the client finds the daemon as the CLI does: $HUTCH_HOST, else $HUTCH_DATA's socket.
+    const saved = { host: process.env["HUTCH_HOST"], data: process.env["HUTCH_DATA"] };
+    try {
+      process.env["HUTCH_HOST"] = "";
+      process.env["HUTCH_DATA"] = process.env["HUTCH_SOCKET"]!.replace(/\/hutch\.sock$/, "");
+      assert.equal(new HutchClient({ apiKey: "" }).host, `unix://${process.env["HUTCH_SOCKET"]}`);
+      assert.equal((await new HutchClient({ apiKey: "" }).health()).status, "ok");
+    } finally {
+      process.env["HUTCH_HOST"] = saved.host ?? "";
+      if (saved.data === undefined) delete process.env["HUTCH_DATA"];
+      else process.env["HUTCH_DATA"] = saved.data;
+    }
   });
 
   test("lists by label and gets a sandbox", async () => {
