@@ -72,6 +72,9 @@ type Config struct {
 	// bytes when the name cannot change the outcome (see Proxy). Default
 	// 50ms.
 	ServerFirstWait time.Duration
+	// MaxConnsPerSandbox bounds the connections one sandbox has open
+	// through the proxy at once; more are refused (default 1024).
+	MaxConnsPerSandbox int
 	// DNSTTL is the TTL of the resolver's answers, in seconds. Default 5:
 	// short, so a policy change or an upstream change is seen soon.
 	DNSTTL uint32
@@ -127,6 +130,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.ServerFirstWait <= 0 {
 		cfg.ServerFirstWait = defaultServerFirstWait
+	}
+	if cfg.MaxConnsPerSandbox <= 0 {
+		cfg.MaxConnsPerSandbox = 1024
 	}
 	if cfg.DNSTTL == 0 {
 		cfg.DNSTTL = defaultDNSTTL

@@ -44,11 +44,14 @@ import (
 type Proxy struct {
 	cfg  Config
 	bufs sync.Pool // *[]byte of maxPeek bytes, for the peek
+
+	mu   sync.Mutex
+	open map[string]int // connections being handled, by sandbox
 }
 
 // NewProxy returns a proxy; cfg.Lookup is required (Serve says so).
 func NewProxy(cfg Config) *Proxy {
-	p := &Proxy{cfg: cfg.withDefaults()}
+	p := &Proxy{cfg: cfg.withDefaults(), open: map[string]int{}}
 	p.bufs.New = func() any { b := make([]byte, maxPeek); return &b }
 	return p
 }
@@ -128,6 +131,11 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 		return
 	}
 	cn.d.Sandbox, cn.pol = id, pol
+	if !p.admit(id) {
+		cn.d.Reason = fmt.Sprintf("over %d open connections", p.cfg.MaxConnsPerSandbox)
+		return
+	}
+	defer p.done(id)
 	orig, err := p.cfg.OriginalDst(c)
 	if err != nil || !orig.Addr().IsValid() || orig.Port() == 0 {
 		cn.d.Reason = "no original destination"
@@ -148,6 +156,27 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 		return
 	}
 	p.route(ctx, cn, name, ipOK)
+}
+
+// admit counts a connection of sandbox id, unless it already has
+// MaxConnsPerSandbox open: one sandbox cannot take all of the daemon's
+// file descriptors (each proxied connection holds two).
+func (p *Proxy) admit(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open[id] >= p.cfg.MaxConnsPerSandbox {
+		return false
+	}
+	p.open[id]++
+	return true
+}
+
+func (p *Proxy) done(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open[id]--; p.open[id] <= 0 {
+		delete(p.open, id)
+	}
 }
 
 // releaseBuf returns the peek buffer to the pool once nothing refers to

@@ -445,3 +445,44 @@ func TestServeAcceptErrorEndsConnections(t *testing.T) {
 		t.Errorf("the connection is still open: %v", err)
 	}
 }
+
+// One sandbox cannot hold more than MaxConnsPerSandbox connections open
+// through the proxy; closing one makes room again.
+func TestConnectionCapPerSandbox(t *testing.T) {
+	t.Parallel()
+	pol := netpolicy.Policy{Mode: netpolicy.AllowList, Allow: []netpolicy.Rule{{CIDR: ipSrvFirst.String(), Ports: []int{25}}}}
+	w := newWorld(t, pol, func(c *Config) { c.MaxConnsPerSandbox = 2 })
+	to := netip.AddrPortFrom(ipSrvFirst, 25)
+	banner := func(conn net.Conn) error {
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := bufio.NewReader(conn).ReadString('\n')
+		return err
+	}
+	a, b := w.connect(to), w.connect(to)
+	if banner(a) != nil || banner(b) != nil {
+		t.Fatal("the first two connections got no banner")
+	}
+	c := w.connect(to)
+	if banner(c) == nil {
+		t.Fatal("a third connection got through the cap")
+	}
+	if d := w.decision(func(d Decision) bool { return strings.HasPrefix(d.Reason, "over 2 open") }); d.Allowed {
+		t.Errorf("decision %+v", d)
+	}
+	a.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		d := w.connect(to)
+		err := banner(d)
+		d.Close()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no room after a connection closed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.Close()
+	c.Close()
+}
