@@ -160,6 +160,9 @@ func (r *Resolver) parse(src netip.Addr, msg []byte) (q *dnsQuery, resp []byte) 
 	}
 	q.d.Sandbox = id
 	name := normalizeName(q.d.Host)
+	if name != "" {
+		q.d.Host = name // logged as the proxy logs names: lowercase, no root dot
+	}
 	if name == "" || q.q.Class != dnsmessage.ClassINET || !pol.NameAllowed(name) {
 		q.d.Reason = "name not allowed"
 		if pol.Mode() == netpolicy.DenyAll {
@@ -167,7 +170,6 @@ func (r *Resolver) parse(src netip.Addr, msg []byte) (q *dnsQuery, resp []byte) 
 		}
 		return nil, r.reply(q, dnsmessage.RCodeNameError, nil)
 	}
-	q.d.Host = name
 	if q.q.Type != dnsmessage.TypeA {
 		q.d.Allowed, q.d.Reason = true, "name allowed; only A records are answered"
 		return nil, r.reply(q, dnsmessage.RCodeSuccess, nil)
