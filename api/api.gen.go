@@ -944,6 +944,12 @@ type ListSandboxesParams struct {
 	PageToken string   `form:"page_token,omitempty" json:"page_token,omitempty"`
 }
 
+// DeleteSandboxParams defines parameters for DeleteSandbox.
+type DeleteSandboxParams struct {
+	// Reason Why (at most 200 printable characters); the sandbox's reason becomes "deleted: REASON".
+	Reason string `form:"reason,omitempty" json:"reason,omitempty"`
+}
+
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
 	Recursive bool `form:"recursive,omitempty" json:"recursive,omitempty"`
@@ -1194,7 +1200,7 @@ type ClientInterface interface {
 	// DeleteSandbox Destroy a sandbox. Destroying one already destroyed succeeds.
 	//
 	// Corresponds with DELETE /sandboxes/{id} (the `DeleteSandbox` operationId).
-	DeleteSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+	DeleteSandbox(ctx context.Context, id SandboxID, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetSandbox performs a GET /sandboxes/{id} (the `GetSandbox` operationId) request.
 	GetSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1664,8 +1670,8 @@ func (c *Client) CreateSandbox(ctx context.Context, body CreateSandboxJSONReques
 // DeleteSandbox Destroy a sandbox. Destroying one already destroyed succeeds.
 //
 // Corresponds with DELETE /sandboxes/{id} (the `DeleteSandbox` operationId).
-func (c *Client) DeleteSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewDeleteSandboxRequest(c.Server, id)
+func (c *Client) DeleteSandbox(ctx context.Context, id SandboxID, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteSandboxRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2847,7 +2853,7 @@ func NewCreateSandboxRequestWithBody(server string, contentType string, body io.
 }
 
 // NewDeleteSandboxRequest constructs an http.Request for the DeleteSandbox method
-func NewDeleteSandboxRequest(server string, id SandboxID) (*http.Request, error) {
+func NewDeleteSandboxRequest(server string, id SandboxID, params *DeleteSandboxParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -2870,6 +2876,29 @@ func NewDeleteSandboxRequest(server string, id SandboxID) (*http.Request, error)
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "reason", params.Reason, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
@@ -5029,7 +5058,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with DELETE /sandboxes/{id} (the `DeleteSandbox` operationId).
-	DeleteSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*DeleteSandboxResponse, error)
+	DeleteSandboxWithResponse(ctx context.Context, id SandboxID, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*DeleteSandboxResponse, error)
 
 	// GetSandboxWithResponse performs a GET /sandboxes/{id} (the `GetSandbox` operationId) request.
 	//
@@ -7814,8 +7843,8 @@ func (c *ClientWithResponses) CreateSandboxWithResponse(ctx context.Context, bod
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with DELETE /sandboxes/{id} (the `DeleteSandbox` operationId).
-func (c *ClientWithResponses) DeleteSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*DeleteSandboxResponse, error) {
-	rsp, err := c.DeleteSandbox(ctx, id, reqEditors...)
+func (c *ClientWithResponses) DeleteSandboxWithResponse(ctx context.Context, id SandboxID, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*DeleteSandboxResponse, error) {
+	rsp, err := c.DeleteSandbox(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -10149,7 +10178,7 @@ type ServerInterface interface {
 	CreateSandbox(w http.ResponseWriter, r *http.Request)
 	// DeleteSandbox Destroy a sandbox. Destroying one already destroyed succeeds.
 	// (DELETE /sandboxes/{id})
-	DeleteSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	DeleteSandbox(w http.ResponseWriter, r *http.Request, id SandboxID, params DeleteSandboxParams)
 
 	// (GET /sandboxes/{id})
 	GetSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -10471,8 +10500,24 @@ func (siw *ServerInterfaceWrapper) DeleteSandbox(w http.ResponseWriter, r *http.
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeleteSandboxParams
+
+	// ------------- Optional query parameter "reason" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "reason", r.URL.Query(), &params.Reason, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "reason"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "reason", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.DeleteSandbox(w, r, id)
+		siw.Handler.DeleteSandbox(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {

@@ -142,7 +142,13 @@ func (s *Sandbox) Refresh(ctx context.Context) error {
 // Delete destroys the sandbox id; destroying one already destroyed
 // succeeds.
 func (c *Client) Delete(ctx context.Context, id string) error {
-	r, err := c.api.DeleteSandboxWithResponse(ctx, id)
+	return c.DeleteBecause(ctx, id, "")
+}
+
+// DeleteBecause destroys the sandbox id and keeps why in its record (its
+// reason becomes "deleted: why"; at most 200 printable characters).
+func (c *Client) DeleteBecause(ctx context.Context, id, why string) error {
+	r, err := c.api.DeleteSandboxWithResponse(ctx, id, &api.DeleteSandboxParams{Reason: why})
 	return c.check(r, err)
 }
 

@@ -12,8 +12,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/hutch-dev/hutch/internal/backend"
 	"github.com/hutch-dev/hutch/internal/blob"
@@ -375,13 +377,26 @@ func (m *Manager) List(ctx context.Context, tenant string, o ListOptions) ([]San
 
 // Delete destroys a sandbox. Deleting one already destroyed succeeds.
 func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
+	return m.DeleteBecause(ctx, tenant, id, "")
+}
+
+// DeleteBecause is Delete with the caller's reason kept in the record
+// ("deleted: REASON"): at most 200 printable characters.
+func (m *Manager) DeleteBecause(ctx context.Context, tenant, id, why string) error {
+	reason := "deleted"
+	if why != "" {
+		if len(why) > 200 || strings.IndexFunc(why, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+			return errdefs.New(errdefs.ErrInvalidArgument, "reason: at most 200 printable characters")
+		}
+		reason += ": " + why
+	}
 	rec, err := m.st.GetSandbox(ctx, tenant, id)
 	if err != nil {
 		return err
 	}
 	unlock := m.lock(id)
 	defer unlock()
-	return m.destroy(ctx, rec, "deleted")
+	return m.destroy(ctx, rec, reason)
 }
 
 func (m *Manager) destroy(ctx context.Context, rec store.Sandbox, reason string) error {

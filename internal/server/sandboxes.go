@@ -247,8 +247,8 @@ func (s *Server) ListSandboxes(w http.ResponseWriter, r *http.Request, params ap
 }
 
 // DeleteSandbox implements api.ServerInterface.
-func (s *Server) DeleteSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
-	if err := s.mgr.Delete(r.Context(), s.scope(r), id); err != nil {
+func (s *Server) DeleteSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID, params api.DeleteSandboxParams) {
+	if err := s.mgr.DeleteBecause(r.Context(), s.scope(r), id, params.Reason); err != nil {
 		s.fail(w, r, err)
 		return
 	}

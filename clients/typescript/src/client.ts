@@ -129,9 +129,14 @@ export class HutchClient {
     return this.t.json("PATCH", sandboxPath(id), req);
   }
 
-  /** Destroys a sandbox; destroying a destroyed one succeeds. */
-  async deleteSandbox(id: string): Promise<void> {
-    await this.t.bytes("DELETE", sandboxPath(id));
+  /**
+   * Destroys a sandbox; destroying a destroyed one succeeds. A reason (at
+   * most 200 printable characters) is kept: the sandbox's reason becomes
+   * "deleted: REASON".
+   */
+  async deleteSandbox(id: string, reason?: string): Promise<void> {
+    const q = reason ? `?reason=${encodeURIComponent(reason)}` : "";
+    await this.t.bytes("DELETE", sandboxPath(id) + q);
   }
 
   pauseSandbox(id: string): Promise<Sandbox> {

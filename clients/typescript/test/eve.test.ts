@@ -285,9 +285,11 @@ describe("eve sandbox provider", () => {
     const { state: st } = await impl.start(sessionCtx("session-end"), undefined, artifact);
     await impl.onSessionEnd!(sessionCtx("session-end"), artifact, st, { reason: "expired" });
     await impl.onSessionEnd!(sessionCtx("session-end"), artifact, st, { reason: "expired" });
-    assert.equal((await client.getSandbox(st.sandboxId)).state, "destroyed");
+    const gone = await client.getSandbox(st.sandboxId);
+    assert.equal(gone.state, "destroyed");
+    assert.equal(gone.reason, "deleted: eve session expired");
     assert.deepEqual(ended.filter(([id]) => id === st.sandboxId), [[st.sandboxId, "expired"], [st.sandboxId, "expired"]]);
-    await assert.rejects(impl.resume(sessionCtx("session-end"), artifact, st), /is destroyed \(deleted\); it cannot be resumed/);
+    await assert.rejects(impl.resume(sessionCtx("session-end"), artifact, st), /is destroyed \(deleted: eve session expired\); it cannot be resumed/);
     await assert.rejects(impl.resume(sessionCtx("x"), artifact, { sandboxId: "never-existed" }), /is gone; it cannot be resumed/);
   });
 });

@@ -58,7 +58,7 @@ export interface HutchEveEnvironmentOptions extends HutchClientOptions {
   sandbox?: Pick<CreateSandboxRequest, "timeout" | "on_timeout" | "idle_timeout" | "retire_after" | "labels" | "metadata">;
   /** Seconds a run() or spawn() may take before the daemon kills it; default: no limit. */
   commandTimeoutSeconds?: number;
-  /** Told when onSessionEnd destroys a sandbox, with eve's reason (hutch's API has no field to keep it). */
+  /** Told when onSessionEnd destroys a sandbox (whose reason becomes "deleted: eve session REASON"). */
   onSessionEnd?: (sandboxId: string, reason: "completed" | "expired" | "failed") => void | Promise<void>;
 }
 
@@ -141,15 +141,15 @@ export function hutchEnvironment(options: Readonly<HutchEveEnvironmentOptions>):
     },
 
     async onSessionEnd(_ctx, _artifact, state, { reason }) {
-      await destroy(client, state.sandboxId);
+      await destroy(client, state.sandboxId, `eve session ${reason}`);
       await options.onSessionEnd?.(state.sandboxId, reason);
     },
   };
 }
 
-async function destroy(client: HutchClient, id: string): Promise<void> {
+async function destroy(client: HutchClient, id: string, reason?: string): Promise<void> {
   try {
-    await client.deleteSandbox(id);
+    await client.deleteSandbox(id, reason);
   } catch (err) {
     if (!isNotFound(err)) throw err;
   }

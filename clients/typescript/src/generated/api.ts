@@ -1437,7 +1437,10 @@ export interface operations {
     };
     deleteSandbox: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Why (at most 200 printable characters); the sandbox's reason becomes "deleted: REASON". */
+                reason?: string;
+            };
             header?: never;
             path: {
                 id: components["parameters"]["SandboxID"];
