@@ -312,8 +312,16 @@ func (r *Router) plumb(l *Link) error {
 		PeerNamespace: netlink.NsFd(int(sbx))}
 	err = r.nl.LinkAdd(veth)
 	if errors.Is(err, unix.EEXIST) {
-		// A former link of this index is still on its way out.
+		// A former link is still on its way out: of this index here, or
+		// the sandbox's previous eth0 (a detach or a daemon restart
+		// deletes pairs in the background). Both are ours to remove.
 		r.deleteIface(l.Iface)
+		if h, herr := netlink.NewHandleAt(sbx); herr == nil {
+			if old, lerr := h.LinkByName("eth0"); lerr == nil {
+				_ = h.LinkDel(old)
+			}
+			h.Close()
+		}
 		err = r.nl.LinkAdd(veth)
 	}
 	if err != nil {

@@ -296,3 +296,39 @@ func reportP50(b *testing.B, samples []time.Duration) {
 	b.ReportMetric(float64(samples[len(samples)/2].Microseconds())/1000, "ms-p50")
 	b.ReportMetric(float64(samples[len(samples)*95/100].Microseconds())/1000, "ms-p95")
 }
+
+// Attaching again at once after a detach (the old pair still going away
+// in the background) or over a stale eth0 works.
+func TestReattachOverStaleLink(t *testing.T) {
+	r := newRouter(t, Options{Subnet: netip.MustParsePrefix("10.218.0.0/24"), ProxyPort: 15004})
+	pid := fakeSandbox(t)
+	for range 20 {
+		if _, err := r.Attach(context.Background(), "s", pid); err != nil {
+			t.Fatal(err)
+		}
+		r.Detach("s")
+	}
+	// A stale eth0 left in the sandbox (as by a router that went away),
+	// once the last detach's pair is gone.
+	r.bg.Wait()
+	if err := inSandbox(t, pid, func() error {
+		return netlink.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Attach(context.Background(), "s", pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := inSandbox(t, pid, func() error {
+		eth, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		if eth.Type() != "veth" {
+			return errors.New("eth0 is still the stale link: " + eth.Type())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
