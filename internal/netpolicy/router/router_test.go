@@ -312,7 +312,7 @@ func TestReattachOverStaleLink(t *testing.T) {
 	// once the last detach's pair is gone.
 	r.bg.Wait()
 	if err := inSandbox(t, pid, func() error {
-		return netlink.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}})
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "stale"})
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -324,8 +324,11 @@ func TestReattachOverStaleLink(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if eth.Type() != "veth" {
-			return errors.New("eth0 is still the stale link: " + eth.Type())
+		if _, err := netlink.LinkByName("stale"); err == nil {
+			return errors.New("the stale pair is still there")
+		}
+		if addrs, _ := netlink.AddrList(eth, netlink.FAMILY_V4); len(addrs) != 1 {
+			return errors.New("eth0 is not the new link")
 		}
 		return nil
 	}); err != nil {
