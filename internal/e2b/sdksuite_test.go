@@ -2,6 +2,19 @@ package e2b_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -30,4 +43,71 @@ func TestE2BSDK(t *testing.T) {
 	tctx, tcancel := context.WithTimeout(ctx, 150*time.Second)
 	defer tcancel()
 	jstest.Node(t, tctx, dir, env, "e2b.test.mjs")
+}
+
+// TestE2BSDKDomain runs the SDK in its domain mode (E2B_DOMAIN only): it
+// speaks HTTPS to api.<domain> and 49983-<id>.<domain>. A TLS front on
+// 127.0.0.1:443 (a wildcard certificate from a test CA the node process
+// trusts) forwards to `hutch serve --domain`, Host kept, and a preloaded
+// module resolves the domain's names to 127.0.0.1, as wildcard DNS would.
+func TestE2BSDKDomain(t *testing.T) {
+	jstest.Need(t, "the e2b SDK domain-mode suite")
+	const domain = "hutch.test"
+	ln, err := net.Listen("tcp4", "127.0.0.1:443")
+	if err != nil {
+		t.Skipf("the domain-mode suite needs 127.0.0.1:443 for its TLS front: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	dir, err := filepath.Abs("testdata/sdk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jstest.NPMCI(t, ctx, dir)
+	d := jstest.Serve(t, jstest.Hutch(t, ctx), "--domain", domain)
+	caPEM, cert := wildcardCert(t, domain)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	target, _ := url.Parse("http://" + d.TCP)
+	front := &http.Server{Handler: &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = pr.In.Host // hutch routes by it
+		},
+		FlushInterval: -1, // envd streams
+	}, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	go func() { _ = front.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = front.Close() })
+
+	env := []string{"E2B_DOMAIN=" + domain, "E2B_API_KEY=" + d.Key(t, ctx, "e2b-domain", ""), "E2B_API_URL=",
+		"E2B_SANDBOX_URL=", "E2B_DEBUG=", "NODE_EXTRA_CA_CERTS=" + caFile, "HUTCH_TEST_DOMAIN=" + domain}
+	tctx, tcancel := context.WithTimeout(ctx, 90*time.Second)
+	defer tcancel()
+	jstest.Node(t, tctx, dir, env, "--import=./resolve.mjs", "e2b.domain.test.mjs")
+}
+
+// wildcardCert makes a test CA and a certificate for *.domain signed by it.
+func wildcardCert(t *testing.T, domain string) ([]byte, tls.Certificate) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2b domain test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "*." + domain},
+		DNSNames: []string{"*." + domain}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
