@@ -44,6 +44,15 @@ func Start(t testing.TB, mutate ...func(*daemon.Config)) *daemon.Daemon {
 	}
 	t.Cleanup(func() {
 		ctx := context.Background()
+		// Pooled sandboxes outlive a daemon (pools survive restarts), and a
+		// claim refills its pool a moment later: empty the pools first.
+		if tpls, err := d.Manager.ListTemplates(ctx, "", true); err == nil {
+			for _, tpl := range tpls {
+				if tpl.PoolSize > 0 {
+					_, _ = d.Manager.SetPool(ctx, tpl.Tenant, tpl.Name, 0)
+				}
+			}
+		}
 		sbs, _, _ := d.Manager.List(ctx, "", sandboxListAll())
 		for _, sb := range sbs {
 			_ = d.Manager.Delete(ctx, "", sb.ID)

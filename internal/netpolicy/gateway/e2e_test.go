@@ -499,4 +499,31 @@ func TestTemplateBuildAndPoolNetwork(t *testing.T) {
 	}
 	w.mustGet(pooled.ID, "", "http://api.test/", "served-by=api.test")
 	w.mustFail(pooled.ID, "--resolve www.test:80:198.18.0.10", "http://www.test/")
+
+	// Pooled sandboxes outlive their daemon (pools survive restarts): empty
+	// the pool, so the claim's refill is not left running after the test.
+	if _, err := w.d.Manager.SetPool(ctx, "", "netbuild", 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		sbs, _, err := w.d.Manager.List(ctx, "", sandbox.ListOptions{Limit: 1000,
+			States: []sandbox.State{sandbox.Creating, sandbox.Running}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pooled := 0
+		for _, sb := range sbs {
+			if sb.Spec.Pool != nil {
+				pooled++
+			}
+		}
+		if pooled == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pooled sandboxes still run after the pool was emptied", pooled)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
