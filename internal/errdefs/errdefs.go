@@ -5,6 +5,7 @@
 package errdefs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -56,6 +57,14 @@ func Code(err error) string {
 		if errors.Is(err, c.err) {
 			return c.code
 		}
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	case errors.Is(err, context.Canceled):
+		// The caller went away (or the daemon is stopping): nothing
+		// broke, and the answer will most likely never be read.
+		return "unavailable"
 	}
 	return "internal"
 }

@@ -1,6 +1,7 @@
 package errdefs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -32,5 +33,25 @@ func TestNewAndTransitionMatchTheirClass(t *testing.T) {
 	var got *TransitionError
 	if !errors.As(fmt.Errorf("wrap: %w", te), &got) || got.From != "paused" {
 		t.Errorf("TransitionError lost its data")
+	}
+}
+
+// A context's end is not an internal error: a deadline is
+// deadline_exceeded (504), a cancellation (the caller went away)
+// unavailable (503); both also when wrapped.
+func TestContextErrors(t *testing.T) {
+	for err, want := range map[error]string{
+		context.DeadlineExceeded:                            "deadline_exceeded",
+		fmt.Errorf("store: insert: %w", context.Canceled):   "unavailable",
+		fmt.Errorf("exec: %w", context.DeadlineExceeded):    "deadline_exceeded",
+		errors.New("something else"):                        "internal",
+		fmt.Errorf("%w: %w", ErrNotFound, context.Canceled): "not_found",
+	} {
+		if got := Code(err); got != want {
+			t.Errorf("Code(%v) = %s, want %s", err, got, want)
+		}
+	}
+	if HTTPStatus(context.Canceled) != 503 || HTTPStatus(context.DeadlineExceeded) != 504 {
+		t.Error("HTTPStatus of context errors")
 	}
 }
