@@ -67,6 +67,8 @@ func TestBadJSONBodies(t *testing.T) {
 		{"POST", "/v1/sandboxes/{id}/terminals/1/resize"},
 		{"POST", "/v1/sandboxes/{id}/files/mkdir"},
 		{"POST", "/v1/sandboxes/{id}/files/rename"},
+		{"PUT", "/v1/sandboxes/{id}/network"},
+		{"POST", "/v1/sandboxes/{id}/ports"},
 		{"POST", "/v1/keys"},
 	} {
 		for _, b := range []struct{ name, body, code string }{
@@ -493,5 +495,40 @@ func TestCreateHangUp(t *testing.T) {
 	after := newSandbox(t, c, api.CreateSandboxRequest{})
 	if out := c.sh(after.Id, "echo fine"); out != "fine\n" {
 		t.Fatalf("after the hang-ups: %q", out)
+	}
+}
+
+// Network policies and ports: every malformed rule is refused with what is
+// wrong, and refusing one changes nothing (the shared daemon has no
+// networking, so any policy but deny-all is a failed precondition).
+func TestBadNetworkAndPorts(t *testing.T) {
+	t.Parallel()
+	c, id := badFixture(t)
+	net := "/v1/sandboxes/{id}/network"
+	runBad(t, c, id, []bad{
+		{"mode", "PUT", net, `{"mode":"open"}`, "invalid_argument"},
+		{"rule with host and cidr", "PUT", net, `{"mode":"allow-list","allow":[{"host":"a.example","cidr":"1.2.3.4"}]}`, "invalid_argument"},
+		{"empty rule", "PUT", net, `{"mode":"allow-list","allow":[{}]}`, "invalid_argument"},
+		{"port 0", "PUT", net, `{"mode":"allow-list","allow":[{"host":"a.example","ports":[0]}]}`, "invalid_argument"},
+		{"port 70000", "PUT", net, `{"mode":"allow-list","allow":[{"host":"a.example","ports":[70000]}]}`, "invalid_argument"},
+		{"IP as host", "PUT", net, `{"mode":"allow-list","allow":[{"host":"1.2.3.4"}]}`, "invalid_argument"},
+		{"bad cidr", "PUT", net, `{"mode":"allow-list","allow":[{"cidr":"1.2.3.0/40"}]}`, "invalid_argument"},
+		{"wildcard in the middle", "PUT", net, `{"mode":"allow-list","allow":[{"host":"a.*.example"}]}`, "invalid_argument"},
+		{"bad deny", "PUT", net, `{"mode":"allow-all","deny":["evil.example"]}`, "invalid_argument"},
+		{"credential header injection", "PUT", net, `{"mode":"allow-all","credentials":[{"host":"a.example","headers":{"X":"a\r\nB: c"}}]}`, "invalid_argument"},
+		{"credential without headers", "PUT", net, `{"mode":"allow-all","credentials":[{"host":"a.example","headers":{}}]}`, "invalid_argument"},
+		{"no networking here", "PUT", net, `{"mode":"allow-all"}`, "failed_precondition"},
+		{"create with a bad policy", "POST", "/v1/sandboxes", `{"network":{"mode":"allow-list","allow":[{"host":"-bad-.example"}]}}`, "invalid_argument"},
+		{"port 0", "POST", "/v1/sandboxes/{id}/ports", `{"port":0}`, "invalid_argument"},
+		{"port too big", "POST", "/v1/sandboxes/{id}/ports", `{"port":65536}`, "invalid_argument"},
+		{"port not a number", "POST", "/v1/sandboxes/{id}/ports", `{"port":"80"}`, "invalid_argument"},
+		{"unexpose a non-number", "DELETE", "/v1/sandboxes/{id}/ports/http", nil, "invalid_argument"},
+		{"proxy to a port not exposed", "GET", "/v1/sandboxes/{id}/ports/8080/", nil, "not_found"},
+		{"proxy to a port of no sandbox", "GET", "/v1/sandboxes/nope/ports/8080/", nil, "not_found"},
+	})
+	var p api.NetworkPolicy
+	c.mustJSON("GET", sbPath(id, "/network"), nil, 200, &p)
+	if p.Mode != "deny-all" {
+		t.Fatalf("after the refusals the policy is %+v", p)
 	}
 }
