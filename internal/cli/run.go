@@ -24,6 +24,7 @@ type runFlags struct {
 	memory          int64
 	pids, cpu       int64
 	stdin, tty      bool
+	net             networkFlags
 }
 
 func runCmd(g *globals) *cobra.Command {
@@ -37,7 +38,8 @@ func runCmd(g *globals) *cobra.Command {
 			"run is a client of the daemon at --host ($HUTCH_HOST) or, by default, of the one on the socket in " +
 			"the data directory (--data). When no --host is given and no daemon answers on that socket, run " +
 			"creates the sandbox itself, in this process, on the native backend (which needs root), so it " +
-			"works on a fresh machine with no daemon.",
+			"works on a fresh machine with no daemon; a network policy other than deny-all then gets this " +
+			"process's own router, egress proxy and resolver for as long as the command runs.",
 		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error { return g.run(cmd.Context(), f, args) },
 	}
@@ -51,6 +53,7 @@ func runCmd(g *globals) *cobra.Command {
 	fl.Int64Var(&f.cpu, "cpu", 0, "CPU limit in millicores (1000 = one core)")
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass standard input to the command")
 	fl.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal")
+	f.net.register(c)
 	return c
 }
 
@@ -59,14 +62,22 @@ func (g *globals) run(ctx context.Context, f runFlags, args []string) error {
 	if err != nil {
 		return err
 	}
+	var pol *hutch.NetworkPolicy
+	if f.net.given() {
+		p, err := f.net.policy()
+		if err != nil {
+			return err
+		}
+		pol = &p
+	}
 	c, err := g.runClient(ctx, f.data)
 	if errors.Is(err, hutch.ErrUnavailable) && g.host == "" {
-		return runNative(ctx, f, env, args)
+		return runNative(ctx, f, env, pol, args)
 	}
 	if err != nil {
 		return err
 	}
-	o := hutch.CreateOptions{ID: newID(), Base: f.base, Cwd: f.cwd, Env: env,
+	o := hutch.CreateOptions{ID: newID(), Base: f.base, Cwd: f.cwd, Env: env, Network: pol,
 		Limits: hutch.Limits{MemoryMiB: f.memory, CPUMillis: f.cpu, Pids: f.pids}}
 	sb, err := createInterruptibly(ctx, c, o)
 	defer func() { _ = c.Delete(background(ctx), o.ID) }()

@@ -2,7 +2,10 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -12,6 +15,9 @@ import (
 
 	"github.com/hutch-dev/hutch/internal/backend"
 	"github.com/hutch-dev/hutch/internal/backend/native"
+	"github.com/hutch-dev/hutch/internal/netpolicy"
+	"github.com/hutch-dev/hutch/internal/netpolicy/gateway"
+	hutch "github.com/hutch-dev/hutch/sdk"
 )
 
 func defaultDataDir() string {
@@ -23,11 +29,24 @@ func defaultDataDir() string {
 
 // runNative is run without a daemon: the sandbox lives in this process's
 // native backend, for as long as the command runs.
-func runNative(ctx context.Context, f runFlags, env map[string]string, args []string) error {
+func runNative(ctx context.Context, f runFlags, env map[string]string, netPol *hutch.NetworkPolicy, args []string) error {
 	if err := os.MkdirAll(f.data, 0o711); err != nil {
 		return err
 	}
-	b, err := native.New(native.Options{DataDir: f.data, WarmInits: -1}) // one sandbox: no pool
+	pol, err := compilePolicy(netPol)
+	if err != nil {
+		return err
+	}
+	opts := native.Options{DataDir: f.data, WarmInits: -1} // one sandbox: no pool
+	var gw *gateway.Gateway
+	if pol.Networked() {
+		if gw, err = gateway.New(gateway.Options{DataDir: f.data, Logger: slog.New(slog.DiscardHandler)}); err != nil {
+			return fmt.Errorf("sandbox networking: %w", err)
+		}
+		defer gw.Close()
+		opts.Nameserver, opts.CA = gw.Nameserver().String(), gw.CAPEM()
+	}
+	b, err := native.New(opts)
 	if err != nil {
 		return err
 	}
@@ -39,6 +58,16 @@ func runNative(ctx context.Context, f runFlags, env map[string]string, args []st
 		return err
 	}
 	defer b.Destroy(context.WithoutCancel(ctx), id)
+	if gw != nil {
+		info, err := b.Inspect(ctx, id)
+		if err == nil {
+			err = gw.Apply(ctx, id, info.Pid, pol)
+		}
+		if err != nil {
+			return err
+		}
+		defer gw.Release(id)
+	}
 	req := backend.ExecRequest{Cmd: strings.Join(args, " "), Stdin: f.stdin || f.tty, TTY: f.tty}
 	if f.tty {
 		if ws, err := unix.IoctlGetWinsize(int(os.Stdin.Fd()), unix.TIOCGWINSZ); err == nil {
@@ -96,4 +125,20 @@ func exitFor(st backend.ExitStatus) error {
 		return exitError{st.Code}
 	}
 	return nil
+}
+
+// compilePolicy checks the SDK's form of a policy as the daemon would.
+func compilePolicy(p *hutch.NetworkPolicy) (*netpolicy.Compiled, error) {
+	if p == nil {
+		return netpolicy.DenyAllPolicy(), nil
+	}
+	raw, err := json.Marshal(p)
+	if err != nil {
+		return nil, err
+	}
+	var np netpolicy.Policy
+	if err := json.Unmarshal(raw, &np); err != nil {
+		return nil, err
+	}
+	return netpolicy.Compile(np)
 }
