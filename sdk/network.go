@@ -2,7 +2,10 @@ package hutch
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -280,4 +283,65 @@ func (t *portTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context()) // a RoundTripper must not change the caller's request
 	r.Header.Set(PortTokenHeader, t.token)
 	return t.next.RoundTrip(r)
+}
+
+// RuleError says what is wrong with the short form of a rule
+// (ParseNetworkRule). It matches ErrInvalidArgument.
+type RuleError struct {
+	Rule    string // the text given
+	Problem string
+}
+
+func (e *RuleError) Error() string { return fmt.Sprintf("%q: %s", e.Rule, e.Problem) }
+
+// Unwrap makes a RuleError an ErrInvalidArgument.
+func (e *RuleError) Unwrap() error { return ErrInvalidArgument }
+
+// ParseNetworkRule reads the short form of an allow rule, as the CLI's
+// --allow and the MCP tools take it: HOST[:PORT,...] (a name or *.domain;
+// without ports 80 and 443) or IP/CIDR[:PORT,...] (without ports, every
+// port); an IPv6 address or CIDR with ports is written [IPv6/CIDR]:PORTS.
+// The daemon checks the rest (label syntax, ranges) when the policy is set.
+func ParseNetworkRule(s string) (NetworkRule, error) {
+	fail := func(problem string) (NetworkRule, error) { return NetworkRule{}, &RuleError{Rule: s, Problem: problem} }
+	target, ports := s, ""
+	if !isAddrOrCIDR(s) { // a bare IPv6 address has colons of its own
+		if rest, ok := strings.CutPrefix(s, "["); ok {
+			var found bool
+			if target, ports, found = strings.Cut(rest, "]"); !found || (ports != "" && ports[0] != ':') {
+				return fail("want [IPv6/CIDR]:PORTS")
+			}
+			ports = strings.TrimPrefix(ports, ":")
+		} else if i := strings.LastIndexByte(s, ':'); i >= 0 {
+			target, ports = s[:i], s[i+1:]
+		}
+	}
+	if target == "" {
+		return fail("want HOST[:PORT,...] or CIDR[:PORT,...]")
+	}
+	r := NetworkRule{Host: target}
+	if isAddrOrCIDR(target) {
+		r = NetworkRule{CIDR: target}
+	}
+	if ports == "" && strings.HasSuffix(s, ":") {
+		return fail("no port after the colon")
+	}
+	if ports != "" {
+		for p := range strings.SplitSeq(ports, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(p))
+			if err != nil || n < 1 || n > 65535 {
+				return fail(fmt.Sprintf("port %q: want a number 1-65535", p))
+			}
+			r.Ports = append(r.Ports, n)
+		}
+	}
+	return r, nil
+}
+
+func isAddrOrCIDR(s string) bool {
+	if _, err := netip.ParseAddr(s); err == nil {
+		return true
+	}
+	_, err := netip.ParsePrefix(s)
+	return err == nil
 }

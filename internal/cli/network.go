@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -69,40 +70,14 @@ func (f *networkFlags) policy() (hutch.NetworkPolicy, error) {
 	return p, err
 }
 
-// parseAllow reads HOST[:PORTS] or CIDR[:PORTS] ([v6]:PORTS for IPv6).
+// parseAllow reads an --allow value (hutch.ParseNetworkRule's short form).
 func parseAllow(s string) (hutch.NetworkRule, error) {
-	target, ports := s, ""
-	if _, err := parseCIDR(s); err != nil { // a bare IPv6 address has colons of its own
-		if rest, ok := strings.CutPrefix(s, "["); ok {
-			var found bool
-			if target, ports, found = strings.Cut(rest, "]"); !found || (ports != "" && ports[0] != ':') {
-				return hutch.NetworkRule{}, invalid("--allow %q: want [IPv6/CIDR]:PORTS", s)
-			}
-			ports = strings.TrimPrefix(ports, ":")
-		} else if i := strings.LastIndexByte(s, ':'); i >= 0 {
-			target, ports = s[:i], s[i+1:]
-		}
+	r, err := hutch.ParseNetworkRule(s)
+	var re *hutch.RuleError
+	if errors.As(err, &re) {
+		return r, invalid("--allow %q: %s", re.Rule, re.Problem)
 	}
-	if target == "" {
-		return hutch.NetworkRule{}, invalid("--allow %q: want HOST[:PORT,...] or CIDR[:PORT,...]", s)
-	}
-	r := hutch.NetworkRule{Host: target}
-	if _, err := parseCIDR(target); err == nil {
-		r = hutch.NetworkRule{CIDR: target}
-	}
-	if ports == "" && strings.HasSuffix(s, ":") {
-		return r, invalid("--allow %q: no port after the colon", s)
-	}
-	if ports != "" {
-		for p := range strings.SplitSeq(ports, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(p))
-			if err != nil || n < 1 || n > 65535 {
-				return r, invalid("--allow %q: port %q: want a number 1-65535", s, p)
-			}
-			r.Ports = append(r.Ports, n)
-		}
-	}
-	return r, nil
+	return r, err
 }
 
 func parseCIDR(s string) (netip.Prefix, error) {

@@ -17,6 +17,7 @@ import (
 	"github.com/hutch-dev/hutch/internal/daemon"
 	"github.com/hutch-dev/hutch/internal/daemon/daemontest"
 	hutchmcp "github.com/hutch-dev/hutch/internal/mcp"
+	"github.com/hutch-dev/hutch/internal/netpolicy/gateway"
 	"github.com/hutch-dev/hutch/internal/server"
 	hutch "github.com/hutch-dev/hutch/sdk"
 )
@@ -411,4 +412,46 @@ func TestHandlerWithoutCaller(t *testing.T) {
 		}
 	}
 	cs.Close()
+}
+
+// Network through MCP: create with an allow list and change it live on a
+// daemon with networking; a bad rule and an unknown mode are tool errors
+// with invalid_argument; a daemon without networking says so.
+func TestNetworkTools(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := daemontest.Start(t, func(c *daemon.Config) { c.Network = &gateway.Options{} })
+	cs := connect(t, ctx, unixTransport(d.Socket))
+	sb := call[struct{ ID, Network string }](t, ctx, cs, "create_sandbox",
+		map[string]any{"allow": []string{"api.github.com", "*.npmjs.org:443", "203.0.113.0/24"}})
+	if sb.Network != "allow-list" {
+		t.Fatalf("created with network %q", sb.Network)
+	}
+	out := call[struct{ Stdout string }](t, ctx, cs, "run_command", map[string]any{"sandbox_id": sb.ID, "cmd": "ls /sys/class/net"})
+	if !strings.Contains(out.Stdout, "eth0") {
+		t.Fatalf("interfaces: %q", out.Stdout)
+	}
+	got := call[struct {
+		Network string
+		Allow   []string
+	}](t, ctx, cs, "set_network", map[string]any{"sandbox_id": sb.ID, "network": "allow-list", "allow": []string{"pypi.org:443,80"}})
+	if got.Network != "allow-list" || len(got.Allow) != 1 || got.Allow[0] != "pypi.org:80,443" {
+		t.Fatalf("set_network answered %+v", got)
+	}
+	if msg := callErr(t, ctx, cs, "set_network", map[string]any{"sandbox_id": sb.ID, "network": "allow-list", "allow": []string{"pypi.org:http"}}); !strings.HasPrefix(msg, "invalid_argument: ") {
+		t.Fatalf("bad rule: %q", msg)
+	}
+	if msg := callErr(t, ctx, cs, "set_network", map[string]any{"sandbox_id": sb.ID, "network": "open"}); !strings.HasPrefix(msg, "invalid_argument: ") {
+		t.Fatalf("bad mode: %q", msg)
+	}
+	call[struct{}](t, ctx, cs, "set_network", map[string]any{"sandbox_id": sb.ID, "network": "deny-all"})
+	out = call[struct{ Stdout string }](t, ctx, cs, "run_command", map[string]any{"sandbox_id": sb.ID, "cmd": "ls /sys/class/net"})
+	if strings.TrimSpace(out.Stdout) != "lo" {
+		t.Fatalf("after deny-all: %q", out.Stdout)
+	}
+
+	off := connect(t, ctx, unixTransport(daemontest.Start(t).Socket))
+	if msg := callErr(t, ctx, off, "create_sandbox", map[string]any{"network": "allow-all"}); !strings.HasPrefix(msg, "failed_precondition: ") {
+		t.Fatalf("allow-all without networking: %q", msg)
+	}
 }

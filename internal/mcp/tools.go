@@ -3,6 +3,7 @@ package mcp
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"io/fs"
 	"reflect"
@@ -37,6 +38,9 @@ func (t *tools) register(s *mcp.Server) {
 	add(s, "create_sandbox", "Create and start a sandbox (an isolated Linux machine rooted at /workspace). "+
 		"Returns its id, which every other tool takes.", t.create)
 	add(s, "list_sandboxes", "List the sandboxes you can see, oldest first.", t.list)
+	add(s, "set_network", "Replace a sandbox's network policy; new connections follow it at once. "+
+		"deny-all: loopback only; allow-all: the internet (not private, link-local or host addresses); "+
+		"allow-list: only what allow names (names, *.domain, IPs, CIDRs, with :PORT,PORT).", t.setNetwork)
 	add(s, "destroy_sandbox", "Destroy a sandbox and everything in it. Destroying one already destroyed succeeds.", t.destroy)
 	add(s, "run_command", "Run a shell command (sh -c) in a sandbox and wait for it. A non-zero exit is a "+
 		"result, not an error; on timeout the command is killed, exit_code is null and timed_out is true.", t.run)
@@ -98,6 +102,9 @@ func tighten(s *jsonschema.Schema) {
 	if p := s.Properties["encoding"]; p != nil {
 		p.Enum = []any{"utf-8", "base64"}
 	}
+	if p := s.Properties["network"]; p != nil {
+		p.Enum = []any{"deny-all", "allow-all", "allow-list"}
+	}
 	if p := s.Properties["state"]; p != nil {
 		p.Enum = []any{"creating", "running", "paused", "suspended", "retired", "destroyed", "failed"}
 	}
@@ -122,12 +129,15 @@ type createIn struct {
 	Cwd            string            `json:"cwd,omitempty" jsonschema:"the default working directory (default /workspace)"`
 	Labels         map[string]string `json:"labels,omitempty" jsonschema:"labels to find the sandbox by"`
 	TimeoutSeconds int               `json:"timeout_seconds,omitempty" jsonschema:"destroy the sandbox after this many seconds of running time; 0 = no limit"`
+	Network        string            `json:"network,omitempty" jsonschema:"network access: deny-all (the default: loopback only), allow-all (the internet, not private or host addresses), or allow-list (only allow)"`
+	Allow          []string          `json:"allow,omitempty" jsonschema:"with allow-list: what the sandbox may reach, e.g. api.github.com or *.npmjs.org (HTTP and HTTPS), pypi.org:443, 203.0.113.0/24:5432"`
 }
 
 // sandboxOut is what the tools say about a sandbox.
 type sandboxOut struct {
 	ID        string            `json:"id"`
 	State     string            `json:"state"`
+	Network   string            `json:"network"`
 	Reason    string            `json:"reason,omitempty"`
 	Base      string            `json:"base"`
 	Template  string            `json:"template,omitempty"`
@@ -137,13 +147,21 @@ type sandboxOut struct {
 }
 
 func toSandboxOut(sb *hutch.Sandbox) sandboxOut {
-	return sandboxOut{ID: sb.ID, State: string(sb.State), Reason: sb.Reason, Base: sb.Base, Template: sb.Template,
-		Cwd: sb.Cwd, Labels: sb.Labels, CreatedAt: sb.CreatedAt}
+	return sandboxOut{ID: sb.ID, State: string(sb.State), Network: string(sb.NetworkMode), Reason: sb.Reason,
+		Base: sb.Base, Template: sb.Template, Cwd: sb.Cwd, Labels: sb.Labels, CreatedAt: sb.CreatedAt}
 }
 
 func (t *tools) create(ctx context.Context, in createIn) (sandboxOut, error) {
-	sb, err := t.c.Create(ctx, hutch.CreateOptions{ID: in.ID, Template: in.Template, Base: in.Base, Env: in.Env,
-		Cwd: in.Cwd, Labels: in.Labels, Timeout: time.Duration(in.TimeoutSeconds) * time.Second})
+	o := hutch.CreateOptions{ID: in.ID, Template: in.Template, Base: in.Base, Env: in.Env,
+		Cwd: in.Cwd, Labels: in.Labels, Timeout: time.Duration(in.TimeoutSeconds) * time.Second}
+	if in.Network != "" || len(in.Allow) > 0 {
+		p, err := policy(in.Network, in.Allow, nil)
+		if err != nil {
+			return sandboxOut{}, err
+		}
+		o.Network = &p
+	}
+	sb, err := t.c.Create(ctx, o)
 	if err != nil {
 		return sandboxOut{}, err
 	}
@@ -193,6 +211,75 @@ func (t *tools) destroy(ctx context.Context, in sandboxIn) (destroyOut, error) {
 		return destroyOut{}, err
 	}
 	return destroyOut{ID: in.SandboxID, Destroyed: true}, nil
+}
+
+// Network.
+
+type setNetworkIn struct {
+	SandboxID string   `json:"sandbox_id" jsonschema:"the sandbox's id"`
+	Network   string   `json:"network" jsonschema:"deny-all (loopback only), allow-all (the internet, not private or host addresses), or allow-list (only allow)"`
+	Allow     []string `json:"allow,omitempty" jsonschema:"with allow-list: what the sandbox may reach, e.g. api.github.com or *.npmjs.org (HTTP and HTTPS), pypi.org:443, 203.0.113.0/24:5432"`
+	Deny      []string `json:"deny,omitempty" jsonschema:"IPs or CIDRs refused whatever else allows"`
+}
+
+type networkOut struct {
+	SandboxID string   `json:"sandbox_id"`
+	Network   string   `json:"network"`
+	Allow     []string `json:"allow,omitempty"`
+	Deny      []string `json:"deny,omitempty"`
+}
+
+// setNetwork replaces a sandbox's policy live. Credentials are not on
+// offer here: their values would pass through the model's context.
+func (t *tools) setNetwork(ctx context.Context, in setNetworkIn) (networkOut, error) {
+	p, err := policy(in.Network, in.Allow, in.Deny)
+	if err != nil {
+		return networkOut{}, err
+	}
+	got, err := t.c.SetNetwork(ctx, in.SandboxID, p)
+	if err != nil {
+		return networkOut{}, err
+	}
+	out := networkOut{SandboxID: in.SandboxID, Network: string(got.Mode), Deny: got.Deny}
+	for _, r := range got.Allow {
+		out.Allow = append(out.Allow, ruleText(r))
+	}
+	return out, nil
+}
+
+// policy builds a policy from a mode (empty: allow-list with rules,
+// deny-all without) and the short forms of its rules.
+func policy(mode string, allow, deny []string) (hutch.NetworkPolicy, error) {
+	p := hutch.NetworkPolicy{Mode: hutch.NetworkMode(mode), Deny: deny}
+	if p.Mode == "" {
+		p.Mode = hutch.NetworkDenyAll
+		if len(allow) > 0 {
+			p.Mode = hutch.NetworkAllowList
+		}
+	}
+	for _, a := range allow {
+		r, err := hutch.ParseNetworkRule(a)
+		if err != nil {
+			return p, fmt.Errorf("allow %w", err)
+		}
+		p.Allow = append(p.Allow, r)
+	}
+	return p, nil
+}
+
+func ruleText(r hutch.NetworkRule) string {
+	s := r.Host + r.CIDR
+	if len(r.Ports) > 0 {
+		ports := make([]string, len(r.Ports))
+		for i, p := range r.Ports {
+			ports[i] = strconv.Itoa(p)
+		}
+		if strings.Contains(s, ":") { // IPv6
+			s = "[" + s + "]"
+		}
+		s += ":" + strings.Join(ports, ",")
+	}
+	return s
 }
 
 // Commands and processes.
