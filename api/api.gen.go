@@ -490,7 +490,7 @@ type ExitStatus struct {
 
 // ExposePortRequest defines model for ExposePortRequest.
 type ExposePortRequest struct {
-	// Port A TCP port in the sandbox (1-65535); the server may listen on 127.0.0.1.
+	// Port A TCP port in the sandbox (1-65535; the server may listen on 127.0.0.1), or 0 for every port without a setting of its own.
 	Port int `json:"port"`
 
 	// Public No key or token needed.
@@ -499,7 +499,7 @@ type ExposePortRequest struct {
 
 // ExposedPort defines model for ExposedPort.
 type ExposedPort struct {
-	// Path /v1/sandboxes/{id}/ports/{port}/
+	// Path /v1/sandboxes/{id}/ports/{port}/ (with {port} left in for port 0)
 	Path   string `json:"path"`
 	Port   int    `json:"port"`
 	Public bool   `json:"public"`

@@ -224,7 +224,22 @@ func testPorts(t *testing.T, e *env) {
 		t.Fatalf("an unexposed port: %d %q", code, body)
 	}
 
-	for _, p := range []int{0, -1, 65536} {
+	// Port 0 is every port without a setting of its own (as E2B's are).
+	all, err := sb.ExposePort(ctx, 0, false)
+	if err != nil || all.Port != 0 || all.Token == "" {
+		t.Fatalf("expose every port: %+v %v", all, err)
+	}
+	url := "http://" + e.d.TCPAddr + ep.Path + "index.html"
+	if code, body := get(t, http.DefaultClient, url, nil); code != 401 {
+		t.Fatalf("every port, no token: %d %q", code, body)
+	}
+	if code, body := get(t, http.DefaultClient, url, http.Header{"X-Hutch-Port-Token": {all.Token}}); code != 200 {
+		t.Fatalf("every port, its token: %d %q", code, body)
+	}
+	if err := sb.UnexposePort(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []int{-1, 65536} {
 		_, err := sb.ExposePort(ctx, p, false)
 		wantErr(t, err, hutch.ErrInvalidArgument, "invalid_argument")
 	}

@@ -162,6 +162,10 @@ func (req createRequest) spec(networked bool) (sandbox.Spec, error) {
 	if spec.Network, err = e2bPolicy(req.AllowInternetAccess, req.Network, networked); err != nil {
 		return sandbox.Spec{}, err
 	}
+	// E2B serves every port of a sandbox at <port>-<id>.<domain>, public
+	// unless allowPublicTraffic is false; then E2B's trafficAccessToken
+	// (sent as e2b-traffic-access-token) opens them.
+	spec.Ports = []sandbox.ExposedPort{{Port: sandbox.AllPorts, Public: publicTraffic(req.Network), Token: sandbox.NewPortToken()}}
 	return spec, nil
 }
 
@@ -186,21 +190,23 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tenant string) 
 
 // sandboxView is E2B's sandbox object (create, get, list, connect).
 type sandboxView struct {
-	TemplateID      string            `json:"templateID"`
-	SandboxID       string            `json:"sandboxID"`
-	Alias           string            `json:"alias,omitempty"`
-	ClientID        string            `json:"clientID"`
-	EnvdVersion     string            `json:"envdVersion"`
-	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
-	Domain          *string           `json:"domain"`
-	StartedAt       time.Time         `json:"startedAt"`
-	EndAt           time.Time         `json:"endAt"`
-	CPUCount        int64             `json:"cpuCount"`
-	MemoryMB        int64             `json:"memoryMB"`
-	DiskSizeMB      int64             `json:"diskSizeMB"`
-	Metadata        map[string]string `json:"metadata"`
-	State           string            `json:"state"`
-	Lifecycle       lifecycleView     `json:"lifecycle"`
+	TemplateID      string `json:"templateID"`
+	SandboxID       string `json:"sandboxID"`
+	Alias           string `json:"alias,omitempty"`
+	ClientID        string `json:"clientID"`
+	EnvdVersion     string `json:"envdVersion"`
+	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
+	// TrafficAccessToken opens the sandbox's ports when they are not public.
+	TrafficAccessToken string            `json:"trafficAccessToken,omitempty"`
+	Domain             *string           `json:"domain"`
+	StartedAt          time.Time         `json:"startedAt"`
+	EndAt              time.Time         `json:"endAt"`
+	CPUCount           int64             `json:"cpuCount"`
+	MemoryMB           int64             `json:"memoryMB"`
+	DiskSizeMB         int64             `json:"diskSizeMB"`
+	Metadata           map[string]string `json:"metadata"`
+	State              string            `json:"state"`
+	Lifecycle          lifecycleView     `json:"lifecycle"`
 }
 
 type lifecycleView struct {
@@ -240,10 +246,16 @@ func (h *Handler) view(sb sandbox.Sandbox, now time.Time) sandboxView {
 	if md == nil {
 		md = map[string]string{}
 	}
-	return sandboxView{TemplateID: tpl, SandboxID: sb.ID, Alias: sb.Spec.Template, ClientID: "hutch",
+	v := sandboxView{TemplateID: tpl, SandboxID: sb.ID, Alias: sb.Spec.Template, ClientID: "hutch",
 		EnvdVersion: envdVersion, EnvdAccessToken: h.token(sb.Tenant, sb.ID),
 		StartedAt: sb.Created.UTC(), EndAt: endAt(sb, now), CPUCount: cpus, MemoryMB: mem, Metadata: md, State: state,
 		Lifecycle: lifecycleView{OnTimeout: on, AutoResume: !sb.Spec.NoAutoResume}}
+	for _, p := range sb.Spec.Ports {
+		if p.Port == sandbox.AllPorts && !p.Public {
+			v.TrafficAccessToken = p.Token
+		}
+	}
+	return v
 }
 
 // lookup returns a sandbox E2B still knows: a destroyed or failed one is

@@ -157,3 +157,13 @@ func readRaw(r *http.Request) ([]byte, error) {
 	}
 	return raw, nil
 }
+
+// publicTraffic reads network.allowPublicTraffic: E2B's sandbox ports are
+// public unless it is false.
+func publicTraffic(raw json.RawMessage) bool {
+	var cfg networkConfig
+	if isNull(raw) || json.Unmarshal(raw, &cfg) != nil || cfg.AllowPublicTraffic == nil {
+		return true
+	}
+	return *cfg.AllowPublicTraffic
+}

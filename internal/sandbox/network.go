@@ -158,14 +158,24 @@ type ExposedPort struct {
 	Token  string `json:"token"`
 }
 
-// ExposePort exposes (or re-exposes, with a new token) a sandbox port.
-func (m *Manager) ExposePort(ctx context.Context, tenant, id string, port int, public bool) (ExposedPort, error) {
-	if port < 1 || port > 65535 {
-		return ExposedPort{}, errdefs.New(errdefs.ErrInvalidArgument, "port %d is out of range 1-65535", port)
-	}
+// AllPorts, as an exposed port, stands for every port of the sandbox that
+// has no setting of its own (E2B sandboxes are made so).
+const AllPorts = 0
+
+// NewPortToken returns a fresh token for an exposed port.
+func NewPortToken() string {
 	tok := make([]byte, 24)
 	_, _ = rand.Read(tok)
-	ep := ExposedPort{Port: port, Public: public, Token: "hpt_" + hex.EncodeToString(tok)}
+	return "hpt_" + hex.EncodeToString(tok)
+}
+
+// ExposePort exposes (or re-exposes, with a new token) a sandbox port;
+// AllPorts exposes every port without a setting of its own.
+func (m *Manager) ExposePort(ctx context.Context, tenant, id string, port int, public bool) (ExposedPort, error) {
+	if port < AllPorts || port > 65535 {
+		return ExposedPort{}, errdefs.New(errdefs.ErrInvalidArgument, "port %d is out of range 1-65535 (0: every port)", port)
+	}
+	ep := ExposedPort{Port: port, Public: public, Token: NewPortToken()}
 	err := m.editPorts(ctx, tenant, id, func(ports []ExposedPort) []ExposedPort {
 		ports = slices.DeleteFunc(ports, func(p ExposedPort) bool { return p.Port == port })
 		return append(ports, ep)
@@ -192,14 +202,26 @@ func (m *Manager) Ports(ctx context.Context, tenant, id string) ([]ExposedPort, 
 // Port returns the tenant of a sandbox and the setting of one of its
 // exposed ports; not_found when the port is not exposed.
 func (m *Manager) Port(ctx context.Context, id string, port int) (string, ExposedPort, error) {
+	if port < 1 || port > 65535 {
+		return "", ExposedPort{}, errdefs.New(errdefs.ErrNotFound, "port %d of sandbox %s is not exposed", port, id)
+	}
 	sb, err := m.Get(ctx, "", id)
 	if err != nil {
 		return "", ExposedPort{}, err
 	}
-	for _, p := range sb.Spec.Ports {
-		if p.Port == port {
+	all := -1
+	for i, p := range sb.Spec.Ports {
+		switch p.Port {
+		case port:
 			return sb.Tenant, p, nil
+		case AllPorts:
+			all = i
 		}
+	}
+	if all >= 0 && port > 0 {
+		p := sb.Spec.Ports[all]
+		p.Port = port
+		return sb.Tenant, p, nil
 	}
 	return "", ExposedPort{}, errdefs.New(errdefs.ErrNotFound, "port %d of sandbox %s is not exposed", port, id)
 }

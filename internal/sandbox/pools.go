@@ -153,7 +153,7 @@ func (m *Manager) handOver(ctx context.Context, tenant, id string, key poolKey, 
 	spec.Labels, spec.Metadata = req.Labels, req.Metadata
 	spec.Timeout, spec.OnTimeout, spec.IdleTimeout = req.Timeout, req.OnTimeout, req.IdleTimeout
 	spec.RetireAfter, spec.NoAutoResume = req.RetireAfter, req.NoAutoResume
-	spec.Network = req.Network
+	spec.Network, spec.Ports = req.Network, req.Ports
 	rec.Tenant, rec.Labels, rec.Metadata = tenant, req.Labels, req.Metadata
 	if rec.Spec, err = json.Marshal(spec); err != nil {
 		return Sandbox{}, err

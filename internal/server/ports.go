@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"fmt"
@@ -27,6 +28,9 @@ const (
 	portTokenHeader = "X-Hutch-Port-Token"
 	portTokenQuery  = "hutch_port_token"
 	portPathPattern = "/v1/sandboxes/{id}/ports/{port}/{rest...}"
+	// e2bTrafficHeader carries the token of an E2B sandbox whose ports are
+	// not public (E2B's trafficAccessToken).
+	e2bTrafficHeader = "E2b-Traffic-Access-Token"
 )
 
 var portPathRE = regexp.MustCompile(`^/v1/sandboxes/[^/]+/ports/[0-9]+/`)
@@ -70,10 +74,14 @@ func (s *Server) UnexposePort(w http.ResponseWriter, r *http.Request, id api.San
 }
 
 func (s *Server) toAPIPort(id string, p sandbox.ExposedPort) api.ExposedPort {
+	port := strconv.Itoa(p.Port)
+	if p.Port == sandbox.AllPorts {
+		port = "{port}"
+	}
 	out := api.ExposedPort{Port: p.Port, Public: p.Public, Token: p.Token,
-		Path: fmt.Sprintf("/v1/sandboxes/%s/ports/%d/", id, p.Port)}
+		Path: fmt.Sprintf("/v1/sandboxes/%s/ports/%s/", id, port)}
 	if s.cfg.Domain != "" {
-		out.Url = fmt.Sprintf("http://%d-%s.%s/", p.Port, id, s.cfg.Domain)
+		out.Url = fmt.Sprintf("http://%s-%s.%s/", port, id, s.cfg.Domain)
 	}
 	return out
 }
@@ -125,10 +133,7 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request, id string, po
 	}
 	caller := tenantOf(r.Context())
 	keyed := caller.Trusted || (caller.ID != "" && caller.ID == tenant)
-	token := r.Header.Get(portTokenHeader)
-	if token == "" {
-		token = r.URL.Query().Get(portTokenQuery)
-	}
+	token := cmp.Or(r.Header.Get(portTokenHeader), r.Header.Get(e2bTrafficHeader), r.URL.Query().Get(portTokenQuery))
 	tokenOK := token != "" && subtle.ConstantTimeCompare([]byte(token), []byte(ep.Token)) == 1
 	if !keyed && !tokenOK && !ep.Public {
 		if caller.ID != "" {
@@ -178,6 +183,7 @@ func (s *Server) portProxy(pd backend.PortDialer, id string, port int, path stri
 			}
 			// hutch's own credentials never reach the sandbox.
 			out.Header.Del(portTokenHeader)
+			out.Header.Del(e2bTrafficHeader)
 			if byKey {
 				out.Header.Del("Authorization")
 			}

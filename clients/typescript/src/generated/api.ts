@@ -966,7 +966,7 @@ export interface components {
             events: components["schemas"]["NetworkEvent"][];
         };
         ExposePortRequest: {
-            /** @description A TCP port in the sandbox (1-65535); the server may listen on 127.0.0.1. */
+            /** @description A TCP port in the sandbox (1-65535; the server may listen on 127.0.0.1), or 0 for every port without a setting of its own. */
             port: number;
             /** @description No key or token needed. */
             public?: boolean;
@@ -975,7 +975,7 @@ export interface components {
             port: number;
             public: boolean;
             token?: string;
-            /** @description /v1/sandboxes/{id}/ports/{port}/ */
+            /** @description /v1/sandboxes/{id}/ports/{port}/ (with {port} left in for port 0) */
             path: string;
             /** @description http://{port}-{id}.{domain}/ when the daemon has a domain. */
             url?: string;

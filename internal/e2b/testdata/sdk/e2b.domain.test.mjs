@@ -24,3 +24,31 @@ test('domain mode: create, commands, files, host names, kill', async () => {
   }
   assert.equal((await Sandbox.list({ query: { metadata: { mode: 'domain' } } }).nextItems()).length, 0)
 })
+
+// A sandbox's ports are served at <port>-<id>.<domain>: public by default,
+// and with allowPublicTraffic: false only with its trafficAccessToken.
+test('domain mode: ports public by default, private with the traffic token', async () => {
+  const serve = (sbx) => sbx.commands.run(
+    'mkdir -p /tmp/www && echo hello-from-$HOSTNAME > /tmp/www/index.html && busybox httpd -p 127.0.0.1:8080 -h /tmp/www')
+  const open = await Sandbox.create({ metadata: { mode: 'domain-ports' } })
+  const closed = await Sandbox.create({ metadata: { mode: 'domain-ports' }, network: { allowPublicTraffic: false } })
+  try {
+    await serve(open)
+    await serve(closed)
+    assert.equal(open.trafficAccessToken, undefined)
+    const pub = await fetch(`https://${open.getHost(8080)}/index.html`)
+    assert.equal(pub.status, 200)
+    assert.match(await pub.text(), /^hello-from-/)
+
+    assert.ok(closed.trafficAccessToken, 'a private sandbox has a traffic token')
+    const url = `https://${closed.getHost(8080)}/index.html`
+    assert.equal((await fetch(url)).status, 401)
+    assert.equal((await fetch(url, { headers: { 'e2b-traffic-access-token': 'wrong' } })).status, 403)
+    const ok = await fetch(url, { headers: { 'e2b-traffic-access-token': closed.trafficAccessToken } })
+    assert.equal(ok.status, 200)
+    assert.match(await ok.text(), /^hello-from-/)
+  } finally {
+    await open.kill()
+    await closed.kill()
+  }
+})
