@@ -201,7 +201,7 @@ func (s *Server) handle(c *proto.Conn) {
 		s.handleAttach(c, &req)
 	case proto.OpPs:
 		_ = c.WriteJSON(proto.TResponse, proto.Response{Processes: s.list()})
-	case proto.OpProcess, proto.OpSignal:
+	case proto.OpProcess, proto.OpSignal, proto.OpResize:
 		s.handleProcess(c, &req)
 	case proto.OpRead:
 		s.handleRead(c, &req)
@@ -237,8 +237,12 @@ func (s *Server) list() []backend.ProcessInfo {
 
 func (s *Server) handleProcess(c *proto.Conn, req *proto.Request) {
 	p, err := s.lookup(req.ProcID)
-	if err == nil && req.Op == proto.OpSignal {
+	switch {
+	case err != nil:
+	case req.Op == proto.OpSignal:
 		err = p.signal(syscall.Signal(req.Signal))
+	case req.Op == proto.OpResize:
+		err = p.resize(req.Rows, req.Cols)
 	}
 	if err != nil {
 		_ = c.WriteJSON(proto.TResponse, proto.Response{Error: proto.ToWire(err)})

@@ -138,6 +138,12 @@ func (cl *Client) Signal(ctx context.Context, procID string, sig syscall.Signal)
 	return err
 }
 
+// Resize sets a PTY's window size; it is set when Resize returns.
+func (cl *Client) Resize(ctx context.Context, procID string, rows, cols uint16) error {
+	_, err := cl.call(ctx, proto.Request{Op: proto.OpResize, ProcID: procID, Rows: rows, Cols: cols})
+	return err
+}
+
 // ReadFile streams a file's content.
 func (cl *Client) ReadFile(ctx context.Context, p string) (io.ReadCloser, error) {
 	return cl.download(ctx, proto.Request{Op: proto.OpRead, Path: p})

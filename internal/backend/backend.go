@@ -234,6 +234,13 @@ type FileAccessor interface {
 	Rename(ctx context.Context, id, from, to string) error
 }
 
+// Resizer is an optional capability: a process's terminal resized, the
+// new size in effect when ResizeProcess returns (a Process's Resize only
+// queues it on its stream, so input sent another way may overtake it).
+type Resizer interface {
+	ResizeProcess(ctx context.Context, id, procID string, rows, cols uint16) error
+}
+
 // PortDialer is an optional capability: a TCP connection to a port of a
 // sandbox, made from inside its network namespace (to its loopback), so
 // exposing a port needs no route into the sandbox and works under any

@@ -471,14 +471,22 @@ func (s *processService) Update(ctx context.Context, req *connect.Request[proces
 	if !info.TTY {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no terminal", info.Pid))
 	}
+	size := req.Msg.Pty.GetSize()
+	rows, cols := clampSize(size.GetRows()), clampSize(size.GetCols())
+	if rz, ok := s.h.cfg.Manager.Backend().(backend.Resizer); ok {
+		// In effect on return, so input sent after it sees the new size.
+		if err := rz.ResizeProcess(ctx, id, info.ID, rows, cols); err != nil {
+			return nil, s.h.rpcError(err)
+		}
+		return connect.NewResponse(&processpb.UpdateResponse{}), nil
+	}
 	pc, _ := s.controller()
 	p, err := pc.Attach(ctx, id, info.ID, info.NextSeq)
 	if err != nil {
 		return nil, s.h.rpcError(err)
 	}
 	defer p.Close()
-	size := req.Msg.Pty.GetSize()
-	if err := p.Resize(ctx, clampSize(size.GetRows()), clampSize(size.GetCols())); err != nil {
+	if err := p.Resize(ctx, rows, cols); err != nil {
 		return nil, s.h.rpcError(err)
 	}
 	return connect.NewResponse(&processpb.UpdateResponse{}), nil

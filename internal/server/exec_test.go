@@ -662,3 +662,22 @@ func TestTerminals(t *testing.T) {
 		t.Fatalf("after exit: %+v", p)
 	}
 }
+
+// A resize through the endpoint is in effect when it answers: input sent
+// right after it, on another connection, sees the new size, every time.
+func TestTerminalResizeOrder(t *testing.T) {
+	t.Parallel()
+	c := local(t, shared(t))
+	id := newSandbox(t, c, api.CreateSandboxRequest{}).Id
+	c.mustJSON("POST", sbPath(id, "/terminals"), api.OpenTerminalRequest{Tag: "order", Rows: 24, Cols: 80}, 201, nil)
+	ws := wsDial(t, c, sbPath(id, "/terminals/order/ws"))
+	wsEvent(t, ws) // start
+	for i := range 15 {
+		rows, cols := 20+i, 60+2*i
+		c.mustJSON("POST", sbPath(id, "/terminals/order/resize"), api.ResizeRequest{Rows: rows, Cols: cols}, 204, nil)
+		if err := ws.Write(context.Background(), websocket.MessageBinary, []byte("stty size\r")); err != nil {
+			t.Fatal(err)
+		}
+		termRead(t, ws, fmt.Sprintf("%d %d\r", rows, cols))
+	}
+}

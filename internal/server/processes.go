@@ -364,17 +364,8 @@ func (s *Server) ResizeTerminal(w http.ResponseWriter, r *http.Request, id api.S
 		return
 	}
 	pid, pc, err := s.resolveProcess(r, id, process)
-	var pi backend.ProcessInfo
 	if err == nil {
-		pi, err = pc.ProcessInfo(r.Context(), id, pid)
-	}
-	var p backend.Process
-	if err == nil {
-		p, err = pc.Attach(r.Context(), id, pid, pi.NextSeq)
-	}
-	if err == nil {
-		err = p.Resize(r.Context(), uint16(req.Rows), uint16(req.Cols))
-		p.Close()
+		err = resize(r.Context(), s.mgr.Backend(), pc, id, pid, uint16(req.Rows), uint16(req.Cols))
 	}
 	if err != nil {
 		s.fail(w, r, err)
@@ -464,4 +455,22 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// resize sets a terminal's size, in effect on return where the backend can
+// promise it (backend.Resizer); otherwise through an attached stream.
+func resize(ctx context.Context, be backend.Backend, pc backend.ProcessController, id, pid string, rows, cols uint16) error {
+	if rz, ok := be.(backend.Resizer); ok {
+		return rz.ResizeProcess(ctx, id, pid, rows, cols)
+	}
+	pi, err := pc.ProcessInfo(ctx, id, pid)
+	if err != nil {
+		return err
+	}
+	p, err := pc.Attach(ctx, id, pid, pi.NextSeq)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	return p.Resize(ctx, rows, cols)
 }

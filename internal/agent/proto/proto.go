@@ -43,11 +43,15 @@ const DataChunk = 256 << 10
 
 // Ops a Request can name.
 const (
-	OpPing    = "ping"
-	OpExec    = "exec"
-	OpAttach  = "attach"
-	OpPs      = "ps"
-	OpSignal  = "signal"
+	OpPing   = "ping"
+	OpExec   = "exec"
+	OpAttach = "attach"
+	OpPs     = "ps"
+	OpSignal = "signal"
+	// OpResize sets a PTY's window size and answers once it is set, so
+	// input sent after the answer sees the new size (a TResize frame on an
+	// attached stream gives no such order).
+	OpResize  = "resize"
 	OpRead    = "read"
 	OpWrite   = "write"
 	OpStat    = "stat"
@@ -77,6 +81,8 @@ type Request struct {
 	Recursive bool                 `json:"recursive,omitempty"`
 	Close     bool                 `json:"close,omitempty"`
 	List      backend.ListOptions  `json:"list,omitempty"`
+	Rows      uint16               `json:"rows,omitempty"` // OpResize
+	Cols      uint16               `json:"cols,omitempty"`
 }
 
 // Response answers a Request (or ends a write).

@@ -127,6 +127,7 @@ var (
 	_ backend.Suspender         = (*Backend)(nil)
 	_ backend.Snapshotter       = (*Backend)(nil)
 	_ backend.FileAccessor      = (*Backend)(nil)
+	_ backend.Resizer           = (*Backend)(nil)
 )
 
 // New makes the backend, checking that this host can run it.
@@ -419,6 +420,15 @@ func (b *Backend) SignalProcess(ctx context.Context, id, procID string, sig sysc
 		return err
 	}
 	return c.Signal(ctx, procID, sig)
+}
+
+// ResizeProcess implements backend.Resizer.
+func (b *Backend) ResizeProcess(ctx context.Context, id, procID string, rows, cols uint16) error {
+	c, err := b.files(id)
+	if err != nil {
+		return err
+	}
+	return c.Resize(ctx, procID, rows, cols)
 }
 
 // ReadArchive implements backend.Archiver.
