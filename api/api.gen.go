@@ -994,8 +994,10 @@ type FileExistsParams struct {
 
 // ListFilesParams defines parameters for ListFiles.
 type ListFilesParams struct {
-	Depth *int   `form:"depth,omitempty" json:"depth,omitempty"`
-	Glob  string `form:"glob,omitempty" json:"glob,omitempty"`
+	Depth *int `form:"depth,omitempty" json:"depth,omitempty"`
+
+	// Glob Keep entries whose path relative to the directory, or (for a pattern without a slash) whose name, matches; path.Match syntax, plus ** for any number of directories (**/*.ts).
+	Glob string `form:"glob,omitempty" json:"glob,omitempty"`
 
 	// Path A path in the sandbox; relative paths are under /workspace.
 	Path Path `form:"path" json:"path"`

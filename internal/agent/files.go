@@ -252,15 +252,48 @@ func (s *Server) listDir(root string, opts backend.ListOptions) ([]backend.FileI
 	return out, nil
 }
 
+// keep reports whether rel matches glob: the whole relative path, or its
+// last element for a pattern without a slash. A "**" element matches any
+// number of directories (none included), so "**/*.ts" keeps a.ts and
+// src/lib/b.ts.
 func keep(rel, glob string) bool {
 	if glob == "" {
 		return true
 	}
-	if ok, _ := path.Match(glob, rel); ok {
+	if matchPath(strings.Split(glob, "/"), strings.Split(rel, "/")) {
 		return true
 	}
 	ok, _ := path.Match(glob, path.Base(rel))
 	return ok
+}
+
+// matchPath matches path elements against pattern elements, each with
+// path.Match, "**" standing for zero or more elements.
+func matchPath(pat, elems []string) bool {
+	for len(pat) > 0 {
+		if pat[0] == "**" {
+			for len(pat) > 1 && pat[1] == "**" {
+				pat = pat[1:]
+			}
+			if len(pat) == 1 {
+				return true
+			}
+			for i := range elems {
+				if matchPath(pat[1:], elems[i:]) {
+					return true
+				}
+			}
+			return false
+		}
+		if len(elems) == 0 {
+			return false
+		}
+		if ok, _ := path.Match(pat[0], elems[0]); !ok {
+			return false
+		}
+		pat, elems = pat[1:], elems[1:]
+	}
+	return len(elems) == 0
 }
 
 func addInfo(out *[]backend.FileInfo, p string, d fs.DirEntry) error {

@@ -2206,6 +2206,7 @@ export interface operations {
                 /** @description A path in the sandbox; relative paths are under /workspace. */
                 path: components["parameters"]["Path"];
                 depth?: number;
+                /** @description Keep entries whose path relative to the directory, or (for a pattern without a slash) whose name, matches; path.Match syntax, plus ** for any number of directories (**\/*.ts). */
                 glob?: string;
             };
             header?: never;
