@@ -343,8 +343,15 @@ func (g *Gateway) record(d egress.Decision) {
 	g.decisions.WithLabelValues(d.Proto, strconv.FormatBool(d.Allowed)).Inc()
 	g.bytes.WithLabelValues("up").Add(float64(d.BytesUp))
 	g.bytes.WithLabelValues("down").Add(float64(d.BytesDown))
-	g.log.Info("egress", "sandbox", d.Sandbox, "proto", d.Proto, "host", d.Host, "ip", ev.IP, "port", d.Port,
-		"allowed", d.Allowed, "reason", d.Reason, "up", d.BytesUp, "down", d.BytesDown)
+	// Refusals at info (what an operator looks for); allowed traffic, which
+	// a package install makes by the hundred, at debug. The sandbox's own
+	// log and the metrics keep both.
+	level := slog.LevelInfo
+	if d.Allowed {
+		level = slog.LevelDebug
+	}
+	g.log.Log(context.Background(), level, "egress", "sandbox", d.Sandbox, "proto", d.Proto, "host", d.Host, "ip", ev.IP,
+		"port", d.Port, "allowed", d.Allowed, "reason", d.Reason, "up", d.BytesUp, "down", d.BytesDown)
 	if d.Sandbox == "" {
 		return
 	}
