@@ -307,6 +307,7 @@ func testPortAccess(t *testing.T, e *env) {
 // whose outbound connections go to a test internet (internal/netpolicy/
 // nettest), and checks they are what the sandbox gets.
 func TestNetworkOn(t *testing.T) {
+	nettest.NeedNetworking(t)
 	in := nettest.Start(t)
 	if _, err := os.Stat("/usr/bin/curl"); err != nil {
 		t.Skip("the test runs curl in the sandbox (from the host base): apt-get install curl")

@@ -3,6 +3,8 @@ package crashtest
 import (
 	"strings"
 	"testing"
+
+	"github.com/hutch-dev/hutch/internal/netpolicy/nettest"
 )
 
 // TestNetworkAfterKill: a daemon killed with SIGKILL takes its router
@@ -11,6 +13,7 @@ import (
 // deny-all ones without any.
 func TestNetworkAfterKill(t *testing.T) {
 	r := newRig(t)
+	nettest.NeedNetworking(t)
 	d := r.start("--network", "on")
 	d.call("POST", "/v1/sandboxes", map[string]any{"id": "net-open", "idle_timeout": -1,
 		"network": map[string]any{"mode": "allow-list", "allow": []map[string]any{{"host": "example.test"}}}}, 201, nil)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/hutch-dev/hutch/internal/jstest"
+	"github.com/hutch-dev/hutch/internal/netpolicy/router"
 )
 
 // TestE2BSDK runs the e2b SDK's own client, unchanged, against a real
@@ -39,7 +40,10 @@ func TestE2BSDK(t *testing.T) {
 	d := jstest.Serve(t, jstest.Hutch(t, ctx))
 	url := "http://" + d.TCP
 	env := []string{"E2B_API_URL=" + url, "E2B_SANDBOX_URL=" + url, "E2B_API_KEY=" + d.Key(t, ctx, "e2b-suite", ""),
-		"E2B_DOMAIN=", "E2B_DEBUG="}
+		"E2B_DOMAIN=", "E2B_DEBUG=", "HUTCH_NETWORKED="}
+	if err := router.Probe(); err == nil {
+		env[len(env)-1] = "HUTCH_NETWORKED=1" // the daemon's --network auto is on: the network test runs
+	}
 	tctx, tcancel := context.WithTimeout(ctx, 150*time.Second)
 	defer tcancel()
 	jstest.Node(t, tctx, dir, env, "e2b.test.mjs")

@@ -18,6 +18,7 @@ import (
 	"github.com/hutch-dev/hutch/internal/daemon/daemontest"
 	hutchmcp "github.com/hutch-dev/hutch/internal/mcp"
 	"github.com/hutch-dev/hutch/internal/netpolicy/gateway"
+	"github.com/hutch-dev/hutch/internal/netpolicy/nettest"
 	"github.com/hutch-dev/hutch/internal/server"
 	hutch "github.com/hutch-dev/hutch/sdk"
 )
@@ -420,6 +421,7 @@ func TestHandlerWithoutCaller(t *testing.T) {
 func TestNetworkTools(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+	nettest.NeedNetworking(t)
 	d := daemontest.Start(t, func(c *daemon.Config) { c.Network = &gateway.Options{} })
 	cs := connect(t, ctx, unixTransport(d.Socket))
 	sb := call[struct{ ID, Network string }](t, ctx, cs, "create_sandbox",

@@ -43,6 +43,7 @@ type world struct {
 
 func newWorld(t testing.TB, mutate ...func(*daemon.Config)) *world {
 	t.Helper()
+	nettest.NeedNetworking(t)
 	in := nettest.Start(t)
 	if _, err := os.Stat("/usr/bin/curl"); err != nil {
 		t.Skip("the network tests run curl in the sandboxes (from the host base): apt-get install curl")
@@ -391,6 +392,7 @@ func TestCredentialInjection(t *testing.T) {
 // A daemon restart takes the router (and every link) with it; the next
 // daemon gives running sandboxes their network back, policy and all.
 func TestNetworkSurvivesRestart(t *testing.T) {
+	nettest.NeedNetworking(t)
 	in := nettest.Start(t)
 	if _, err := os.Stat("/usr/bin/curl"); err != nil {
 		t.Skip("the network tests run curl in the sandboxes (from the host base): apt-get install curl")

@@ -104,3 +104,23 @@ func ifname(n string) []byte {
 	copy(b, n)
 	return b
 }
+
+// Probe checks that this host can run sandbox networking at all: a network
+// namespace of our own, and nftables (netlink) inside it. Tests skip on
+// its error; it says nothing about hutch's own rules, which New installs.
+func Probe() error {
+	ns, err := newNS()
+	if err != nil {
+		return fmt.Errorf("network namespaces: %w", err)
+	}
+	defer ns.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "probe"})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	return nil
+}

@@ -22,6 +22,9 @@ func needRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces, veth, nftables)")
 	}
+	if err := Probe(); err != nil {
+		t.Skipf("sandbox networking is not available on this host: %v", err)
+	}
 }
 
 // fakeSandbox starts a process in a fresh network namespace, standing in
