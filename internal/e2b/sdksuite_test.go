@@ -2,14 +2,7 @@ package e2b_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -20,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hutch-dev/hutch/internal/jstest"
+	"github.com/hutch-dev/hutch/internal/netpolicy/nettest"
 	"github.com/hutch-dev/hutch/internal/netpolicy/router"
 )
 
@@ -69,9 +63,12 @@ func TestE2BSDKDomain(t *testing.T) {
 	}
 	jstest.NPMCI(t, ctx, dir)
 	d := jstest.Serve(t, jstest.Hutch(t, ctx), "--domain", domain)
-	caPEM, cert := wildcardCert(t, domain)
+	ca, err := nettest.NewCA("e2b domain test CA", "*."+domain)
+	if err != nil {
+		t.Fatal(err)
+	}
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+	if err := os.WriteFile(caFile, ca.PEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	target, _ := url.Parse("http://" + d.TCP)
@@ -81,7 +78,7 @@ func TestE2BSDKDomain(t *testing.T) {
 			pr.Out.Host = pr.In.Host // hutch routes by it
 		},
 		FlushInterval: -1, // envd streams
-	}, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	}, TLSConfig: &tls.Config{Certificates: []tls.Certificate{ca.Leaf}}}
 	go func() { _ = front.ServeTLS(ln, "", "") }()
 	t.Cleanup(func() { _ = front.Close() })
 
@@ -90,28 +87,4 @@ func TestE2BSDKDomain(t *testing.T) {
 	tctx, tcancel := context.WithTimeout(ctx, 90*time.Second)
 	defer tcancel()
 	jstest.Node(t, tctx, dir, env, "--import=./resolve.mjs", "e2b.domain.test.mjs")
-}
-
-// wildcardCert makes a test CA and a certificate for *.domain signed by it.
-func wildcardCert(t *testing.T, domain string) ([]byte, tls.Certificate) {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2b domain test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "*." + domain},
-		DNSNames: []string{"*." + domain}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }

@@ -202,31 +202,49 @@ func (in *Internet) handler(name string) http.Handler {
 }
 
 func (in *Internet) makeCA() (tls.Certificate, error) {
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "hutch test internet CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	in.CAPool = x509.NewCertPool()
-	in.CAPool.AddCert(ca)
-	in.CAPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	var names []string
 	for n := range Hosts {
 		names = append(names, n)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "test hosts"}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	ca, err := NewCA("hutch test internet CA", names...)
 	if err != nil {
 		return tls.Certificate{}, err
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+	in.CAPool, in.CAPEM = ca.Pool, ca.PEM
+	return ca.Leaf, nil
+}
+
+// CA is a test certificate authority and one server certificate it signed.
+type CA struct {
+	PEM  []byte         // the CA certificate
+	Pool *x509.CertPool // holding it
+	Leaf tls.Certificate
+}
+
+// NewCA makes a CA named name (valid a day) and a server certificate for
+// names (wildcards allowed) signed by it.
+func NewCA(name string, names ...string) (*CA, error) {
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	cert, _ := x509.ParseCertificate(caDER)
+	ca := &CA{Pool: x509.NewCertPool(), PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})}
+	ca.Pool.AddCert(cert)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, cert, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	ca.Leaf = tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return ca, nil
 }
 
 func (in *Internet) serveDNS(pc net.PacketConn) {
