@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hutch-dev/hutch/internal/errdefs"
 	"github.com/hutch-dev/hutch/internal/netpolicy"
 )
 
@@ -84,6 +85,7 @@ func (p *Proxy) serveHTTP(ctx context.Context, cn *conn, name string, useTLS boo
 type httpHandler struct {
 	p       *Proxy
 	pol     *netpolicy.Compiled
+	src     netip.Addr // the sandbox's address, to look its policy up again
 	name    string
 	creds   map[string]string
 	secrets []string
@@ -97,7 +99,7 @@ type httpHandler struct {
 type errBox struct{ err error }
 
 func (p *Proxy) newHTTPHandler(connCtx context.Context, cn *conn, name string) *httpHandler {
-	h := &httpHandler{p: p, pol: cn.pol, name: name, secrets: cn.pol.SecretValues(), creds: cn.pol.Credentials(name)}
+	h := &httpHandler{p: p, pol: cn.pol, src: cn.src, name: name, secrets: cn.pol.SecretValues(), creds: cn.pol.Credentials(name)}
 	scheme := "http"
 	if cn.d.Proto == "tls" {
 		scheme = "https"
@@ -138,7 +140,21 @@ func (h *httpHandler) transport(connCtx context.Context, port int) *http.Transpo
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
 		ctx, done := bind(ctx)
 		defer done()
-		c, ip, err := p.dialName(ctx, h.pol, name, port)
+		// Each dial is judged by the sandbox's policy now, not the one the
+		// connection started under (Revalidate closes the connection if
+		// the name or its credentials changed).
+		_, pol, ok := p.cfg.Lookup(h.src)
+		if !ok || pol == nil {
+			err := errdefs.New(errRefused, "the sandbox's policy is gone")
+			h.dialErr.Store(errBox{err})
+			return nil, err
+		}
+		if !pol.HostAllowed(name, port) {
+			err := errdefs.New(errRefused, "%s is no longer allowed on port %d", name, port)
+			h.dialErr.Store(errBox{err})
+			return nil, err
+		}
+		c, ip, err := p.dialName(ctx, pol, name, port)
 		if err != nil {
 			h.dialErr.Store(errBox{err})
 			return nil, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"sync"
@@ -46,12 +47,12 @@ type Proxy struct {
 	bufs sync.Pool // *[]byte of maxPeek bytes, for the peek
 
 	mu   sync.Mutex
-	open map[string]int // connections being handled, by sandbox
+	live map[string]map[*conn]struct{} // connections being handled, by sandbox
 }
 
 // NewProxy returns a proxy; cfg.Lookup is required (Serve says so).
 func NewProxy(cfg Config) *Proxy {
-	p := &Proxy{cfg: cfg.withDefaults(), open: map[string]int{}}
+	p := &Proxy{cfg: cfg.withDefaults(), live: map[string]map[*conn]struct{}{}}
 	p.bufs.New = func() any { b := make([]byte, maxPeek); return &b }
 	return p
 }
@@ -111,11 +112,29 @@ func temporaryAcceptError(err error) bool {
 // conn is one accepted connection on its way through the proxy.
 type conn struct {
 	c    net.Conn
+	src  netip.Addr
 	pol  *netpolicy.Compiled
 	orig netip.AddrPort
 	d    Decision
 	head []byte  // bytes read while looking for a name, replayed upstream
 	buf  *[]byte // head's pooled buffer, nil once released
+	// grant is what the connection was let through for, set (under
+	// Proxy.mu) once it goes out; Revalidate judges it again, and sets
+	// revoked when it closes it.
+	grant   *grant
+	revoked bool
+}
+
+// grant is what an admitted connection may do: reach a name (and, spliced,
+// the address dialed for it) or an address, on a port; a relayed HTTP
+// connection also holds the credentials it injects.
+type grant struct {
+	name   string // "" when admitted by address
+	ip     netip.Addr
+	port   int
+	relay  bool              // HTTP relayed request by request (dials per request)
+	creds  map[string]string // injected on a relayed connection
+	spoken bool              // a name was given but the address admitted it (fallback)
 }
 
 func (p *Proxy) handle(ctx context.Context, c net.Conn) {
@@ -125,17 +144,18 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	cn := &conn{c: c, d: Decision{Time: time.Now(), Proto: "tcp"}}
 	defer func() { p.cfg.Log(cn.d) }()
 
-	id, pol, ok := p.cfg.Lookup(addrOf(c.RemoteAddr()))
+	cn.src = addrOf(c.RemoteAddr())
+	id, pol, ok := p.cfg.Lookup(cn.src)
 	if !ok || pol == nil {
 		cn.d.Reason = "unknown source address"
 		return
 	}
 	cn.d.Sandbox, cn.pol = id, pol
-	if !p.admit(id) {
+	if !p.admit(cn) {
 		cn.d.Reason = fmt.Sprintf("over %d open connections", p.cfg.MaxConnsPerSandbox)
 		return
 	}
-	defer p.done(id)
+	defer p.done(cn)
 	orig, err := p.cfg.OriginalDst(c)
 	if err != nil || !orig.Addr().IsValid() || orig.Port() == 0 {
 		cn.d.Reason = "no original destination"
@@ -161,21 +181,79 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 // admit counts a connection of sandbox id, unless it already has
 // MaxConnsPerSandbox open: one sandbox cannot take all of the daemon's
 // file descriptors (each proxied connection holds two).
-func (p *Proxy) admit(id string) bool {
+func (p *Proxy) admit(cn *conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.open[id] >= p.cfg.MaxConnsPerSandbox {
+	id := cn.d.Sandbox
+	if len(p.live[id]) >= p.cfg.MaxConnsPerSandbox {
 		return false
 	}
-	p.open[id]++
+	if p.live[id] == nil {
+		p.live[id] = map[*conn]struct{}{}
+	}
+	p.live[id][cn] = struct{}{}
 	return true
 }
 
-func (p *Proxy) done(id string) {
+func (p *Proxy) done(cn *conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.open[id]--; p.open[id] <= 0 {
-		delete(p.open, id)
+	id := cn.d.Sandbox
+	delete(p.live[id], cn)
+	if len(p.live[id]) == 0 {
+		delete(p.live, id)
+	}
+}
+
+// grantConn records what cn goes out for. A policy that changed since cn
+// was accepted (after Revalidate looked at it) is asked again: false means
+// the sandbox's current policy refuses it.
+func (p *Proxy) grantConn(cn *conn, g grant) bool {
+	p.mu.Lock()
+	cn.grant = &g
+	p.mu.Unlock()
+	_, cur, ok := p.cfg.Lookup(cn.src)
+	if !ok || cur == nil {
+		return false
+	}
+	return cur == cn.pol || stillAllowed(cur, g, p.cfg.Extra())
+}
+
+// Revalidate judges sandbox id's open connections by its new policy and
+// closes those it no longer admits: a name or address taken off the list,
+// deny-all, or (for relayed HTTP) different credentials for the name. It
+// returns how many it closed. Call it after Lookup returns the new policy.
+func (p *Proxy) Revalidate(id string, pol *netpolicy.Compiled) int {
+	extra := p.cfg.Extra()
+	var victims []*conn
+	p.mu.Lock()
+	for cn := range p.live[id] {
+		if g := cn.grant; g != nil && !cn.revoked && !stillAllowed(pol, *g, extra) {
+			cn.revoked = true // closing: counted once, however many changes follow
+			victims = append(victims, cn)
+		}
+	}
+	p.mu.Unlock()
+	for _, cn := range victims {
+		cn.c.Close() // its splice or relay then closes the upstream side
+	}
+	return len(victims)
+}
+
+// stillAllowed reports whether pol admits what g was granted.
+func stillAllowed(pol *netpolicy.Compiled, g grant, extra []netip.Prefix) bool {
+	if pol == nil || pol.Mode() == netpolicy.DenyAll {
+		return false
+	}
+	switch {
+	case g.relay:
+		// Its upstream dials use the policy it started with: keep it only
+		// while the name is allowed and its credentials are the same.
+		return pol.HostAllowed(g.name, g.port) && maps.Equal(pol.Credentials(g.name), g.creds)
+	case g.name != "" && !g.spoken:
+		return pol.HostAllowed(g.name, g.port) && pol.DialAllowed(g.ip, g.port, extra)
+	default:
+		return pol.IPAllowed(g.ip, g.port, extra)
 	}
 }
 
@@ -194,13 +272,23 @@ func (p *Proxy) route(ctx context.Context, cn *conn, name string, ipOK bool) {
 	pol, port := cn.pol, cn.d.Port
 	switch {
 	case name != "" && pol.HostAllowed(name, port):
+		relay := grant{name: name, port: port, relay: true, creds: pol.Credentials(name)}
 		if cn.d.Proto == "http" {
+			if !p.grantConn(cn, relay) {
+				cn.d.Reason = "the policy changed: name no longer allowed"
+				refuseHTTP(cn.c, cn.d.Reason)
+				return
+			}
 			p.serveHTTP(ctx, cn, name, false)
 			return
 		}
 		if cn.d.Proto == "tls" && pol.Intercepts(name) {
 			if p.cfg.CA == nil {
 				cn.d.Reason = "credential rule, but the proxy has no CA to intercept with"
+				return
+			}
+			if !p.grantConn(cn, relay) {
+				cn.d.Reason = "the policy changed: name no longer allowed"
 				return
 			}
 			p.serveHTTP(ctx, cn, name, true)
@@ -222,11 +310,22 @@ func (p *Proxy) route(ctx context.Context, cn *conn, name string, ipOK bool) {
 			cn.d.Allowed, cn.d.Reason = false, err.Error()
 			return
 		}
+		spoken := cn.d.Reason != "name allowed"
+		if !p.grantConn(cn, grant{name: name, ip: cn.d.IP, port: port, spoken: spoken}) {
+			up.Close()
+			cn.d.Allowed, cn.d.Reason = false, "the policy changed: no longer allowed"
+			return
+		}
 		p.splice(ctx, cn, up)
 	case ipOK:
 		up, err := p.dialIP(ctx, pol, cn.d.IP, port, p.cfg.Extra())
 		if err != nil {
 			cn.d.Reason = err.Error()
+			return
+		}
+		if !p.grantConn(cn, grant{ip: cn.d.IP, port: port}) {
+			up.Close()
+			cn.d.Reason = "the policy changed: address no longer allowed"
 			return
 		}
 		cn.d.Allowed, cn.d.Reason = true, "address allowed"

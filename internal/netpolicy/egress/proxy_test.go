@@ -486,3 +486,77 @@ func TestConnectionCapPerSandbox(t *testing.T) {
 	b.Close()
 	c.Close()
 }
+
+// A policy change closes the open connections the new policy refuses and
+// leaves the others alone; a relayed (credential) connection goes when its
+// credentials change.
+func TestRevalidate(t *testing.T) {
+	t.Parallel()
+	pol := credPolicy()
+	pol.Allow = append(pol.Allow, netpolicy.Rule{CIDR: ipSrvFirst.String(), Ports: []int{25}})
+	// With credential rules a silent client waits the whole peek.
+	w := newWorld(t, pol, func(c *Config) { c.PeekTimeout = 300 * time.Millisecond })
+
+	banner := w.connect(netip.AddrPortFrom(ipSrvFirst, 25))
+	banner.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(banner)
+	if line, err := br.ReadString('\n'); err != nil || line != "220 banner\r\n" {
+		t.Fatalf("banner: %q %v", line, err)
+	}
+	// A spliced TLS connection to an allowed name, kept open.
+	raw := w.connect(netip.AddrPortFrom(ipAllowed, 443))
+	tc := tls.Client(raw, &tls.Config{ServerName: "allowed.test", RootCAs: w.roots})
+	get := func(c net.Conn, host string) error {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, "GET /x HTTP/1.1\r\nHost: "+host+"\r\n\r\n"); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	if err := get(tc, "allowed.test"); err != nil {
+		t.Fatal(err)
+	}
+	// A relayed connection with credentials (TLS terminated by hutch).
+	roots := w.roots.Clone()
+	roots.AddCert(w.hutchCA.Certificate())
+	api := tls.Client(w.connect(netip.AddrPortFrom(ipAPI, 443)), &tls.Config{ServerName: "api.test", RootCAs: roots})
+	if err := get(api, "api.test"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing changes for these three: nothing closes.
+	if n := w.proxy.Revalidate("sb1", w.pol.Load()); n != 0 {
+		t.Fatalf("an unchanged policy closed %d connections", n)
+	}
+	// The CIDR goes and api.test's credential changes; allowed.test stays.
+	next := credPolicy()
+	next.Credentials[0].Headers["Authorization"] = "Bearer rotated"
+	w.setPolicy(next)
+	if n := w.proxy.Revalidate("sb1", w.pol.Load()); n != 2 {
+		t.Fatalf("Revalidate closed %d connections, want 2 (the banner service and the relayed one)", n)
+	}
+	banner.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := br.ReadString('\n'); err == nil {
+		t.Fatal("the connection to a CIDR taken off the list is still open")
+	}
+	if err := get(api, "api.test"); err == nil {
+		t.Fatal("the relayed connection outlived its credential's change")
+	}
+	if err := get(tc, "allowed.test"); err != nil {
+		t.Fatalf("a connection the new policy still allows was closed: %v", err)
+	}
+	// Deny-all closes everything.
+	w.setPolicy(netpolicy.Policy{Mode: netpolicy.DenyAll})
+	if n := w.proxy.Revalidate("sb1", w.pol.Load()); n != 1 {
+		t.Fatalf("deny-all closed %d connections, want 1", n)
+	}
+	if err := get(tc, "allowed.test"); err == nil {
+		t.Fatal("a connection survived deny-all")
+	}
+}

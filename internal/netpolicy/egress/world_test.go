@@ -77,6 +77,7 @@ type world struct {
 	dnsTCP    string
 	cancel    context.CancelFunc
 	served    chan error
+	proxy     *Proxy
 }
 
 var (
@@ -248,6 +249,7 @@ func (w *world) start(cfg Config) {
 	w.proxyAddr, w.dnsTCP, w.dnsUDP = ln.Addr().String(), dnsTCP.Addr().String(), dnsUDP.LocalAddr().String()
 	w.served = make(chan error, 3)
 	p, r := NewProxy(cfg), NewResolver(cfg)
+	w.proxy = p
 	go func() { w.served <- p.Serve(ctx, ln) }()
 	go func() { w.served <- r.ServeTCP(ctx, dnsTCP) }()
 	go func() { w.served <- r.ServeUDP(ctx, dnsUDP) }()

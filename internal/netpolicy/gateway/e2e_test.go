@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -527,5 +529,53 @@ func TestTemplateBuildAndPoolNetwork(t *testing.T) {
 			t.Fatalf("%d pooled sandboxes still run after the pool was emptied", pooled)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A policy change ends the open connections it no longer allows (and
+// keeps the ones it does), instead of letting them run on.
+func TestPolicyChangeClosesOpenConnections(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	id := w.create(netpolicy.Policy{Mode: netpolicy.AllowList, Allow: []netpolicy.Rule{
+		{CIDR: "198.18.0.10", Ports: []int{2222}}, {CIDR: "198.18.0.11", Ports: []int{2222}}}})
+	info, err := w.d.Backend.Inspect(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := netns.GetFromPid(info.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	open := func(addr string) (net.Conn, *bufio.Reader) {
+		var c net.Conn
+		if err := router.InNS(ns, func() (err error) { c, err = net.DialTimeout("tcp4", addr, 3*time.Second); return err }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		r := bufio.NewReader(c)
+		if line, err := r.ReadString('\n'); err != nil || line != "hello from echo\n" {
+			t.Fatalf("%s: %q %v", addr, line, err)
+		}
+		return c, r
+	}
+	revoked, rr := open("198.18.0.10:2222")
+	kept, kr := open("198.18.0.11:2222")
+	if _, err := w.d.Manager.SetNetwork(ctx, "", id, netpolicy.Policy{Mode: netpolicy.AllowList,
+		Allow: []netpolicy.Rule{{CIDR: "198.18.0.11", Ports: []int{2222}}}}); err != nil {
+		t.Fatal(err)
+	}
+	revoked.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := rr.ReadString('\n'); !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the connection the new policy refuses: %v, want it closed", err)
+	}
+	kept.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := kept.Write([]byte("still here\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := kr.ReadString('\n'); err != nil || line != "still here\n" {
+		t.Fatalf("the connection the new policy keeps: %q %v", line, err)
 	}
 }

@@ -63,6 +63,7 @@ type Gateway struct {
 	decisions *prometheus.CounterVec
 	bytes     *prometheus.CounterVec
 
+	proxy   *egress.Proxy
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	closers []func() error
@@ -122,6 +123,7 @@ func (g *Gateway) serve(cfg egress.Config) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	g.cancel = cancel
 	proxy, res := egress.NewProxy(cfg), egress.NewResolver(cfg)
+	g.proxy = proxy
 	run := func(name string, f func() error) {
 		g.wg.Add(1)
 		go func() {
@@ -154,6 +156,10 @@ func (g *Gateway) Apply(ctx context.Context, id string, pid int, pol *netpolicy.
 	g.mu.Lock()
 	g.pols[id] = pol
 	g.mu.Unlock()
+	// Open connections the new policy refuses end now, not when they do.
+	if n := g.proxy.Revalidate(id, pol); n > 0 {
+		g.log.Info("egress connections closed by a policy change", "sandbox", id, "closed", n)
+	}
 	if !pol.Networked() {
 		g.r.Detach(id)
 		return nil
