@@ -323,21 +323,32 @@ func (cl *Client) upload(ctx context.Context, req proto.Request, r io.Reader) er
 
 // download sends req, reads a response, then streams data frames.
 func (cl *Client) download(ctx context.Context, req proto.Request) (io.ReadCloser, error) {
-	c, err := cl.dial(ctx, req)
+	c, stop, err := cl.openStream(ctx, req)
 	if err != nil {
 		return nil, err
+	}
+	return &fileReader{DataReader: proto.DataReader{C: c}, stop: stop}, nil
+}
+
+// openStream sends req and reads its response; on success the connection
+// stays open for the frames that follow, closed when ctx ends (stop undoes
+// that), and on failure it is closed.
+func (cl *Client) openStream(ctx context.Context, req proto.Request) (*proto.Conn, func() bool, error) {
+	c, err := cl.dial(ctx, req)
+	if err != nil {
+		return nil, nil, err
 	}
 	stop := closeOnDone(ctx, c)
 	var r proto.Response
 	if err := c.ReadJSON(proto.TResponse, &r); err != nil {
 		stop()
 		c.Close()
-		return nil, connError(ctx, err)
+		return nil, nil, connError(ctx, err)
 	}
-	if r.Error != nil {
+	if err := r.Error.Err(); err != nil {
 		stop()
 		c.Close()
-		return nil, r.Error.Err()
+		return nil, nil, err
 	}
-	return &fileReader{DataReader: proto.DataReader{C: c}, stop: stop}, nil
+	return c, stop, nil
 }

@@ -214,20 +214,8 @@ func (s *Server) handleWatch(c *proto.Conn, req *proto.Request) {
 // Watch starts a watch of dir inside the sandbox. Its events arrive until
 // the stream is closed or ctx ends.
 func (cl *Client) Watch(ctx context.Context, dir string, recursive bool) (backend.WatchStream, error) {
-	c, err := cl.dial(ctx, proto.Request{Op: proto.OpWatch, Path: dir, Recursive: recursive})
+	c, stop, err := cl.openStream(ctx, proto.Request{Op: proto.OpWatch, Path: dir, Recursive: recursive})
 	if err != nil {
-		return nil, err
-	}
-	stop := closeOnDone(ctx, c)
-	var r proto.Response
-	if err := c.ReadJSON(proto.TResponse, &r); err != nil {
-		stop()
-		c.Close()
-		return nil, connError(ctx, err)
-	}
-	if err := r.Error.Err(); err != nil {
-		stop()
-		c.Close()
 		return nil, err
 	}
 	return &watchStream{c: c, ctx: ctx, stop: stop}, nil
