@@ -18,20 +18,27 @@ import (
 )
 
 // TestE2BSDK runs the e2b SDK's own client, unchanged, against a real
-// `hutch serve`: npm ci in testdata/sdk, build the hutch binary, start it
-// with a TCP listener, make an API key over its socket, and run the node
-// test file with the variables a user sets (E2B_API_URL, E2B_SANDBOX_URL,
-// E2B_API_KEY).
+// `hutch serve`: npm ci in testdata/sdk and build the hutch binary once,
+// then for each way a user routes the SDK start a daemon, make an API key
+// over its socket, and run a node test file with the variables that user
+// sets.
 func TestE2BSDK(t *testing.T) {
 	jstest.Need(t, "the e2b SDK suite")
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	dir, err := filepath.Abs("testdata/sdk")
 	if err != nil {
 		t.Fatal(err)
 	}
 	jstest.NPMCI(t, ctx, dir)
-	d := jstest.Serve(t, jstest.Hutch(t, ctx))
+	bin := jstest.Hutch(t, ctx)
+	t.Run("urls", func(t *testing.T) { sdkByURL(t, ctx, dir, bin) })
+	t.Run("domain", func(t *testing.T) { sdkByDomain(t, ctx, dir, bin) })
+}
+
+// sdkByURL: E2B_API_URL and E2B_SANDBOX_URL name the daemon's TCP address.
+func sdkByURL(t *testing.T, ctx context.Context, dir, bin string) {
+	d := jstest.Serve(t, bin)
 	url := "http://" + d.TCP
 	env := []string{"E2B_API_URL=" + url, "E2B_SANDBOX_URL=" + url, "E2B_API_KEY=" + d.Key(t, ctx, "e2b-suite", ""),
 		"E2B_DOMAIN=", "E2B_DEBUG=", "HUTCH_NETWORKED="}
@@ -43,26 +50,18 @@ func TestE2BSDK(t *testing.T) {
 	jstest.Node(t, tctx, dir, env, "e2b.test.mjs")
 }
 
-// TestE2BSDKDomain runs the SDK in its domain mode (E2B_DOMAIN only): it
-// speaks HTTPS to api.<domain> and 49983-<id>.<domain>. A TLS front on
+// sdkByDomain runs the SDK in its domain mode (E2B_DOMAIN only): it speaks
+// HTTPS to api.<domain> and 49983-<id>.<domain>. A TLS front on
 // 127.0.0.1:443 (a wildcard certificate from a test CA the node process
 // trusts) forwards to `hutch serve --domain`, Host kept, and a preloaded
 // module resolves the domain's names to 127.0.0.1, as wildcard DNS would.
-func TestE2BSDKDomain(t *testing.T) {
-	jstest.Need(t, "the e2b SDK domain-mode suite")
+func sdkByDomain(t *testing.T, ctx context.Context, dir, bin string) {
 	const domain = "hutch.test"
 	ln, err := net.Listen("tcp4", "127.0.0.1:443")
 	if err != nil {
 		t.Skipf("the domain-mode suite needs 127.0.0.1:443 for its TLS front: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	dir, err := filepath.Abs("testdata/sdk")
-	if err != nil {
-		t.Fatal(err)
-	}
-	jstest.NPMCI(t, ctx, dir)
-	d := jstest.Serve(t, jstest.Hutch(t, ctx), "--domain", domain)
+	d := jstest.Serve(t, bin, "--domain", domain)
 	ca, err := nettest.NewCA("e2b domain test CA", "*."+domain)
 	if err != nil {
 		t.Fatal(err)
