@@ -67,7 +67,7 @@ func Start(t testing.TB) *Internet {
 		t.Skip("the test internet needs root (a network namespace of its own)")
 	}
 	in := &Internet{}
-	ns, err := newNS()
+	ns, err := router.NewNS()
 	if err != nil {
 		t.Skipf("the test internet needs network namespaces: %v", err)
 	}
@@ -134,22 +134,6 @@ func (in *Internet) Seen() []http.Header {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	return append([]http.Header(nil), in.seen...)
-}
-
-func newNS() (netns.NsHandle, error) {
-	var ns netns.NsHandle
-	err := func() error {
-		orig, err := netns.Get()
-		if err != nil {
-			return err
-		}
-		defer orig.Close()
-		return router.InNS(orig, func() (err error) {
-			ns, err = netns.New() // InNS puts the thread back afterwards
-			return err
-		})
-	}()
-	return ns, err
 }
 
 func (in *Internet) addresses() error {

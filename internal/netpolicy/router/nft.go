@@ -109,7 +109,7 @@ func ifname(n string) []byte {
 // namespace of our own, and nftables (netlink) inside it. Tests skip on
 // its error; it says nothing about hutch's own rules, which New installs.
 func Probe() error {
-	ns, err := newNS()
+	ns, err := NewNS()
 	if err != nil {
 		return fmt.Errorf("network namespaces: %w", err)
 	}

@@ -91,7 +91,7 @@ func New(opts Options) (_ *Router, err error) {
 		return nil, err
 	}
 	r := &Router{opts: opts, links: map[string]*Link{}, byAddr: map[netip.Addr]string{}, used: map[int]bool{}, next: 1}
-	if r.ns, err = newNS(); err != nil {
+	if r.ns, err = NewNS(); err != nil {
 		return nil, fmt.Errorf("router namespace: %w", err)
 	}
 	defer func() {
@@ -121,9 +121,9 @@ func New(opts Options) (_ *Router, err error) {
 	return r, nil
 }
 
-// newNS makes a network namespace and returns a handle on it, leaving the
+// NewNS makes a network namespace and returns a handle on it, leaving the
 // calling thread where it was.
-func newNS() (netns.NsHandle, error) {
+func NewNS() (netns.NsHandle, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()
