@@ -159,13 +159,17 @@ func (req createRequest) spec(networked bool) (sandbox.Spec, error) {
 	if t := req.TemplateID; t != "" && t != baseTemplate {
 		spec.Template = t
 	}
-	if spec.Network, err = e2bPolicy(req.AllowInternetAccess, req.Network, networked); err != nil {
+	netCfg, err := parseNetwork(req.Network)
+	if err == nil {
+		spec.Network, err = e2bPolicy(req.AllowInternetAccess, netCfg, networked)
+	}
+	if err != nil {
 		return sandbox.Spec{}, err
 	}
 	// E2B serves every port of a sandbox at <port>-<id>.<domain>, public
 	// unless allowPublicTraffic is false; then E2B's trafficAccessToken
 	// (sent as e2b-traffic-access-token) opens them.
-	spec.Ports = []sandbox.ExposedPort{{Port: sandbox.AllPorts, Public: publicTraffic(req.Network), Token: sandbox.NewPortToken()}}
+	spec.Ports = []sandbox.ExposedPort{{Port: sandbox.AllPorts, Public: netCfg.public(), Token: sandbox.NewPortToken()}}
 	return spec, nil
 }
 

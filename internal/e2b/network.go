@@ -34,19 +34,30 @@ type networkRule struct {
 // allTraffic is E2B's "everything" selector.
 const allTraffic = "0.0.0.0/0"
 
+// parseNetwork reads create's network object (absent: the zero config).
+func parseNetwork(raw json.RawMessage) (networkConfig, error) {
+	var cfg networkConfig
+	if !isNull(raw) {
+		if err := json.Unmarshal(raw, &cfg); err != nil {
+			return cfg, errdefs.New(errdefs.ErrInvalidArgument, "network: %v", err)
+		}
+	}
+	return cfg, nil
+}
+
+// public reports whether the sandbox's ports are public: E2B's are unless
+// allowPublicTraffic is false.
+func (cfg networkConfig) public() bool {
+	return cfg.AllowPublicTraffic == nil || *cfg.AllowPublicTraffic
+}
+
 // e2bPolicy maps E2B's egress settings onto a hutch policy. E2B allows
 // the internet unless told otherwise; allow_internet_access=false is
 // denyOut 0.0.0.0/0; allowOut entries (names, IPs, CIDRs) are let through
 // even then; rules' header transforms are hutch's credentials. With
 // nothing asked, the sandbox gets allow-all when this daemon has
 // networking and deny-all when it has none (explicit asks fail instead).
-func e2bPolicy(allowInternet *bool, raw json.RawMessage, networked bool) (*netpolicy.Policy, error) {
-	var cfg networkConfig
-	if !isNull(raw) {
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, errdefs.New(errdefs.ErrInvalidArgument, "network: %v", err)
-		}
-	}
+func e2bPolicy(allowInternet *bool, cfg networkConfig, networked bool) (*netpolicy.Policy, error) {
 	if !isNull(cfg.EgressProxy) {
 		return nil, errdefs.New(errdefs.ErrNotImplemented, "network.egressProxy (SOCKS5) is not supported by hutch")
 	}
@@ -136,10 +147,9 @@ func (h *Handler) setNetwork(w http.ResponseWriter, r *http.Request, tenant stri
 		h.fail(w, r, err)
 		return
 	}
-	cfgRaw, _ := json.Marshal(body.networkConfig)
 	// "Omitting a field clears it": an empty update opens the sandbox as
 	// a fresh E2B sandbox would be.
-	pol, err := e2bPolicy(body.AllowInternetAccess, cfgRaw, true)
+	pol, err := e2bPolicy(body.AllowInternetAccess, body.networkConfig, true)
 	if err == nil {
 		_, err = h.cfg.Manager.SetNetwork(r.Context(), tenant, sb.ID, *pol)
 	}
@@ -156,14 +166,4 @@ func readRaw(r *http.Request) ([]byte, error) {
 		return nil, err
 	}
 	return raw, nil
-}
-
-// publicTraffic reads network.allowPublicTraffic: E2B's sandbox ports are
-// public unless it is false.
-func publicTraffic(raw json.RawMessage) bool {
-	var cfg networkConfig
-	if isNull(raw) || json.Unmarshal(raw, &cfg) != nil || cfg.AllowPublicTraffic == nil {
-		return true
-	}
-	return *cfg.AllowPublicTraffic
 }

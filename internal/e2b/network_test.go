@@ -35,7 +35,7 @@ func TestE2BPolicy(t *testing.T) {
 				Credentials: []netpolicy.Credential{{Host: "api.x.example", Headers: map[string]string{"Authorization": "Bearer k"}}}}},
 	}
 	for _, c := range cases {
-		got, err := e2bPolicy(c.internet, json.RawMessage(c.network), c.networked)
+		got, err := policyOfJSON(c.internet, c.network, c.networked)
 		if err != nil {
 			t.Errorf("%s: %v", c.name, err)
 			continue
@@ -50,8 +50,17 @@ func TestE2BPolicy(t *testing.T) {
 		`{"denyOut":["evil.example"]}`:         errdefs.ErrInvalidArgument,
 		`{"allowOut":"x"}`:                     errdefs.ErrInvalidArgument,
 	} {
-		if _, err := e2bPolicy(nil, json.RawMessage(raw), true); !errors.Is(err, want) {
+		if _, err := policyOfJSON(nil, raw, true); !errors.Is(err, want) {
 			t.Errorf("%s: %v, want %v", raw, err, want)
 		}
 	}
+}
+
+// policyOfJSON is what create does with its body's network object.
+func policyOfJSON(internet *bool, network string, networked bool) (*netpolicy.Policy, error) {
+	cfg, err := parseNetwork(json.RawMessage(network))
+	if err != nil {
+		return nil, err
+	}
+	return e2bPolicy(internet, cfg, networked)
 }
