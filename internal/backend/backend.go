@@ -241,6 +241,24 @@ type Resizer interface {
 	ResizeProcess(ctx context.Context, id, procID string, rows, cols uint16) error
 }
 
+// ResizeProcess resizes a process's terminal: through the backend's
+// Resizer, in effect on return, or else queued on an attached stream (pc).
+func ResizeProcess(ctx context.Context, be Backend, pc ProcessController, id, procID string, rows, cols uint16) error {
+	if rz, ok := be.(Resizer); ok {
+		return rz.ResizeProcess(ctx, id, procID, rows, cols)
+	}
+	pi, err := pc.ProcessInfo(ctx, id, procID)
+	if err != nil {
+		return err
+	}
+	p, err := pc.Attach(ctx, id, procID, pi.NextSeq)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	return p.Resize(ctx, rows, cols)
+}
+
 // PortDialer is an optional capability: a TCP connection to a port of a
 // sandbox, made from inside its network namespace (to its loopback), so
 // exposing a port needs no route into the sandbox and works under any

@@ -473,20 +473,10 @@ func (s *processService) Update(ctx context.Context, req *connect.Request[proces
 	}
 	size := req.Msg.Pty.GetSize()
 	rows, cols := clampSize(size.GetRows()), clampSize(size.GetCols())
-	if rz, ok := s.h.cfg.Manager.Backend().(backend.Resizer); ok {
-		// In effect on return, so input sent after it sees the new size.
-		if err := rz.ResizeProcess(ctx, id, info.ID, rows, cols); err != nil {
-			return nil, s.h.rpcError(err)
-		}
-		return connect.NewResponse(&processpb.UpdateResponse{}), nil
-	}
 	pc, _ := s.controller()
-	p, err := pc.Attach(ctx, id, info.ID, info.NextSeq)
-	if err != nil {
-		return nil, s.h.rpcError(err)
-	}
-	defer p.Close()
-	if err := p.Resize(ctx, rows, cols); err != nil {
+	// In effect on return (where the backend can), so input sent after it
+	// sees the new size.
+	if err := backend.ResizeProcess(ctx, s.h.cfg.Manager.Backend(), pc, id, info.ID, rows, cols); err != nil {
 		return nil, s.h.rpcError(err)
 	}
 	return connect.NewResponse(&processpb.UpdateResponse{}), nil

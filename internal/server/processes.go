@@ -365,7 +365,7 @@ func (s *Server) ResizeTerminal(w http.ResponseWriter, r *http.Request, id api.S
 	}
 	pid, pc, err := s.resolveProcess(r, id, process)
 	if err == nil {
-		err = resize(r.Context(), s.mgr.Backend(), pc, id, pid, uint16(req.Rows), uint16(req.Cols))
+		err = backend.ResizeProcess(r.Context(), s.mgr.Backend(), pc, id, pid, uint16(req.Rows), uint16(req.Cols))
 	}
 	if err != nil {
 		s.fail(w, r, err)
@@ -455,22 +455,4 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
-}
-
-// resize sets a terminal's size, in effect on return where the backend can
-// promise it (backend.Resizer); otherwise through an attached stream.
-func resize(ctx context.Context, be backend.Backend, pc backend.ProcessController, id, pid string, rows, cols uint16) error {
-	if rz, ok := be.(backend.Resizer); ok {
-		return rz.ResizeProcess(ctx, id, pid, rows, cols)
-	}
-	pi, err := pc.ProcessInfo(ctx, id, pid)
-	if err != nil {
-		return err
-	}
-	p, err := pc.Attach(ctx, id, pid, pi.NextSeq)
-	if err != nil {
-		return err
-	}
-	defer p.Close()
-	return p.Resize(ctx, rows, cols)
 }
