@@ -318,15 +318,6 @@ func (c *Compiled) ruleAdmits(ip netip.Addr, port int) bool {
 	return false
 }
 
-// CIDRRules returns the allow list's address rules (for the packet filter).
-func (c *Compiled) CIDRRules() []Rule {
-	out := make([]Rule, 0, len(c.cidrs))
-	for _, r := range c.cidrs {
-		out = append(out, Rule{CIDR: r.prefix.String(), Ports: r.ports})
-	}
-	return out
-}
-
 // Credentials returns the headers to add or replace on requests to host,
 // or nil when no credential rule matches it.
 func (c *Compiled) Credentials(host string) map[string]string {

@@ -27,7 +27,6 @@ import (
 const (
 	portTokenHeader = "X-Hutch-Port-Token"
 	portTokenQuery  = "hutch_port_token"
-	portPathPattern = "/v1/sandboxes/{id}/ports/{port}/{rest...}"
 	// e2bTrafficHeader carries the token of an E2B sandbox whose ports are
 	// not public (E2B's trafficAccessToken).
 	e2bTrafficHeader = "E2b-Traffic-Access-Token"

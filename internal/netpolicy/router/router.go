@@ -222,17 +222,6 @@ func (r *Router) Lookup(src netip.Addr) (string, bool) {
 	return id, ok
 }
 
-// Attached returns a sandbox's link, if it has one.
-func (r *Router) Attached(id string) (Link, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	l, ok := r.links[id]
-	if !ok {
-		return Link{}, false
-	}
-	return *l, true
-}
-
 // Attach gives the sandbox whose init is pid a link into the router: a
 // veth pair whose far end becomes eth0 in the sandbox's namespace, with an
 // address and a default route through the router. Attaching the same pid
